@@ -1,0 +1,3 @@
+from dualbudget.cli import main
+
+raise SystemExit(main())

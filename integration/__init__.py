@@ -1,0 +1,1 @@
+"""dualbudget.integration."""

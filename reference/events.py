@@ -1,0 +1,94 @@
+"""The events a scheduler sees from outside, and the step record it answers with.
+
+The reference scheduler, the live vLLM adapter and the trace replayer consume the very
+same events, so a difference in their step records is a difference in scheduling, not in
+what they were fed.
+
+One engine step is: ``ScheduleStep`` (the scheduler decides; answer: a ``StepRecord``),
+then ``ModelOutput`` (the sampled token counts of that step), then ``DraftProposals``
+(the drafts proposed for the next step). ``AddRequest`` and ``Abort`` come between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    priority: int = 0
+    arrival_time: float = 0.0
+    """vLLM's ``arrival_time``; priority scheduling breaks ties on it."""
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ScheduleStep:
+    pass
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    """Tokens sampled per scheduled request in the step just scheduled.
+
+    ``num_sampled[id]`` is 0 for a prefill chunk that does not reach the end of the
+    prompt, else ``1 + accepted drafts``. Requests absent from the map sampled nothing.
+    """
+
+    num_sampled: dict[str, int]
+
+
+@dataclass(frozen=True)
+class DraftProposals:
+    """Draft tokens proposed per request for the next step (vLLM's
+    ``update_draft_token_ids``); a request absent from the map proposed none."""
+
+    num_drafts: dict[str, int]
+
+
+Event = AddRequest | Abort | ScheduleStep | ModelOutput | DraftProposals
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One scheduling decision (DESIGN.md section 4)."""
+
+    step: int
+    num_scheduled_tokens: dict[str, int]
+    scheduled_spec_tokens: dict[str, int]
+    preempted: list[str]
+    finished: list[str]
+    target_tokens: int
+    draft_rows: int
+    budgets_left: dict[str, int] = field(default_factory=dict)
+    """The policy's ledger at the end of the step (``token_budget``, ``input_budget``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "num_scheduled_tokens": dict(self.num_scheduled_tokens),
+            "scheduled_spec_tokens": dict(self.scheduled_spec_tokens),
+            "preempted": list(self.preempted),
+            "finished": list(self.finished),
+            "target_tokens": self.target_tokens,
+            "draft_rows": self.draft_rows,
+            "budgets_left": dict(self.budgets_left),
+        }
+
+    def decision(self) -> dict[str, Any]:
+        """The fields a live scheduler must agree on (budgets are the reference's own
+        bookkeeping and vLLM does not expose them)."""
+        return {
+            "num_scheduled_tokens": dict(self.num_scheduled_tokens),
+            "scheduled_spec_tokens": dict(self.scheduled_spec_tokens),
+            "preempted": sorted(self.preempted),
+            "finished": sorted(self.finished),
+        }

@@ -1,0 +1,133 @@
+"""The engine configuration, in vLLM's own parameter names, and the checks vLLM makes.
+
+Only the fields that bear on token budgets are kept. Defaults are vLLM's own defaults and
+are named here, never invented: ``enable_chunked_prefill`` True,
+``long_prefill_token_threshold`` 0 (off), ``scheduling_policy`` ``fcfs``,
+``max_num_scheduled_tokens`` None (vLLM then uses ``max_num_batched_tokens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import BadInput
+from .methods import MethodLayout, layout_for
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+class ConfigError(BadInput):
+    """A configuration vLLM (or this spec) refuses; ``field`` names the offending key."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``speculative_config``, reduced to what decides budgets."""
+
+    method: str
+    num_speculative_tokens: int
+    parallel_drafting: bool = False
+    dspark_layout: str | None = None
+    """``anchor`` (vLLM's default, ``sample_from_anchor: true``) or ``fill-in``."""
+
+    @property
+    def layout(self) -> MethodLayout:
+        return layout_for(self.method, self.parallel_drafting, self.dspark_layout)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM's scheduler, cache and speculative settings that bear on budgets."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    block_size: int
+    num_gpu_blocks: int
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+    max_num_scheduled_tokens: int | None = None
+    speculative_config: SpeculativeConfig | None = None
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """``K``; 0 without speculative decoding."""
+        spec = self.speculative_config
+        return spec.num_speculative_tokens if spec is not None else 0
+
+    @property
+    def layout(self) -> MethodLayout | None:
+        spec = self.speculative_config
+        return spec.layout if spec is not None else None
+
+    @property
+    def scheduled_tokens_cap(self) -> int:
+        """vLLM's ``max_num_scheduled_tokens`` after its default is applied."""
+        if self.max_num_scheduled_tokens is None:
+            return self.max_num_batched_tokens
+        return self.max_num_scheduled_tokens
+
+
+def check_engine_config(config: EngineConfig) -> None:
+    """Raise ConfigError for what vLLM's ``SchedulerConfig``/``SpeculativeConfig`` refuse.
+
+    Policy-specific admission checks live with each policy (``policies.validate``).
+    """
+    positive = {
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_num_seqs": config.max_num_seqs,
+        "max_model_len": config.max_model_len,
+        "block_size": config.block_size,
+        "num_gpu_blocks": config.num_gpu_blocks,
+    }
+    for field, value in positive.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(field, f"must be a positive integer, got {value!r}")
+    cap = config.max_num_scheduled_tokens
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ConfigError("max_num_scheduled_tokens", f"must be a positive integer, got {cap!r}")
+    threshold = config.long_prefill_token_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise ConfigError(
+            "long_prefill_token_threshold", f"must be a non-negative integer, got {threshold!r}"
+        )
+    if config.scheduling_policy not in SCHEDULING_POLICIES:
+        raise ConfigError(
+            "scheduling_policy",
+            f"unknown policy {config.scheduling_policy!r}"
+            f" (known: {', '.join(SCHEDULING_POLICIES)})",
+        )
+    # vLLM SchedulerConfig.verify_max_model_len
+    if config.max_num_batched_tokens < config.max_model_len and not config.enable_chunked_prefill:
+        raise ConfigError(
+            "max_num_batched_tokens",
+            f"({config.max_num_batched_tokens}) is smaller than max_model_len"
+            f" ({config.max_model_len}) with chunked prefill off",
+        )
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise ConfigError(
+            "max_num_batched_tokens",
+            f"({config.max_num_batched_tokens}) must be >= max_num_seqs ({config.max_num_seqs})",
+        )
+    if threshold > config.max_model_len:
+        raise ConfigError(
+            "long_prefill_token_threshold",
+            f"({threshold}) cannot be greater than max_model_len ({config.max_model_len})",
+        )
+    spec = config.speculative_config
+    if spec is not None:
+        k = spec.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(
+                "speculative_config.num_speculative_tokens", f"must be >= 1, got {k!r}"
+            )
+        try:
+            layout_for(spec.method, spec.parallel_drafting, spec.dspark_layout)
+        except BadInput as err:
+            raise ConfigError("speculative_config.method", str(err)) from None

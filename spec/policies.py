@@ -1,0 +1,270 @@
+"""The budget policies as ledgers.
+
+A policy opens a ledger of two budgets at the start of every step, and the scheduler asks
+it about each request in turn:
+
+- ``open``      the budgets of an empty step;
+- ``room``      the most target tokens one request may be given now (0 or less: none);
+- ``exhausted`` whether the scheduler stops looking at further requests this step;
+- ``grant``     how many of the ``need`` tokens a request gets now (0: not scheduled);
+- ``charge``    what scheduling ``q`` target tokens costs each budget;
+- ``refund``    what preempting an already-scheduled request gives back: exactly its charge;
+- ``max_active_requests`` the cap on running requests;
+- ``admission_rules`` the checks a config must pass, each with vLLM's reason.
+
+The two budgets, in vLLM's names:
+
+- ``token_budget``: target tokens (the target forward's rows) still schedulable;
+- ``input_budget``: rows of the model runner's input buffer of ``max_num_batched_tokens``
+  rows still free. vLLM 0.32/0.33 charge it ``q + max_num_new_slots_for_drafting``; the
+  dual policy charges it the true draft input rows ``C(q)``, since the target forward's
+  rows are already bounded by ``token_budget <= max_num_batched_tokens``.
+
+Every method is written over ``arith`` so that it runs on ints and on z3 terms alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .arith import Cond, Num, all_of, any_of, floordiv, imax, imin, ite
+from .config import ConfigError, EngineConfig
+from .methods import NO_SPECULATION, MethodLayout
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The budgets left in the current step."""
+
+    token_budget: Num
+    input_budget: Num
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one scheduled request cost each budget; the refund gives back exactly this."""
+
+    tokens: Num
+    rows: Num
+
+
+@dataclass(frozen=True)
+class StepParams:
+    """What a policy reads of the config; ``Num`` so that proofs can make them symbolic."""
+
+    max_num_batched_tokens: Num
+    """``B``: rows of the model runner's input buffer."""
+    max_num_scheduled_tokens: Num
+    """``S``: vLLM's cap on target tokens per step (vLLM's default: ``B``)."""
+    max_num_seqs: Num
+    num_speculative_tokens: Num
+    """``K``; unused (any value) when ``layout`` is ``NO_SPECULATION``."""
+    layout: MethodLayout
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> StepParams:
+        return cls(
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_scheduled_tokens=config.scheduled_tokens_cap,
+            max_num_seqs=config.max_num_seqs,
+            num_speculative_tokens=config.num_speculative_tokens,
+            layout=config.layout or NO_SPECULATION,
+        )
+
+    def draft_rows(self, q: Num) -> Num:
+        """``C(q)``, the method's true draft input rows for ``q`` target tokens."""
+        return self.layout.draft_rows(q, self.num_speculative_tokens)
+
+
+@dataclass(frozen=True)
+class AdmissionRule:
+    """One check of a config: ``holds`` must be true, else vLLM refuses with ``reason``."""
+
+    field: str
+    holds: Cond
+    reason: str
+
+
+class Policy:
+    """A budget policy. Subclasses override the methods whose rule differs."""
+
+    name: str = ""
+    tables: str = ""
+    """The vLLM release whose method tables (slots, lookahead) the policy reads."""
+
+    # -- derived numbers -------------------------------------------------------------
+    def draft_slots(self, p: StepParams) -> Num:
+        """vLLM's ``max_num_new_slots_for_drafting`` in this policy's tables."""
+        return p.layout.draft_slots(self.tables, p.num_speculative_tokens)
+
+    def num_lookahead_tokens(self, p: StepParams) -> Num:
+        return p.layout.num_lookahead_tokens(self.tables, p.num_speculative_tokens)
+
+    # -- the ledger ------------------------------------------------------------------
+    def open(self, p: StepParams) -> Ledger:
+        return Ledger(p.max_num_scheduled_tokens, p.max_num_batched_tokens)
+
+    def room(self, p: StepParams, ledger: Ledger) -> Num:
+        raise NotImplementedError
+
+    def exhausted(self, p: StepParams, ledger: Ledger) -> Cond:
+        return self.room(p, ledger) <= 0
+
+    def grant(self, p: StepParams, ledger: Ledger, need: Num) -> Num:
+        return imax(0, imin(need, self.room(p, ledger)))
+
+    def charge(self, p: StepParams, q: Num) -> Charge:
+        raise NotImplementedError
+
+    def apply(self, ledger: Ledger, charge: Charge) -> Ledger:
+        return Ledger(ledger.token_budget - charge.tokens, ledger.input_budget - charge.rows)
+
+    def refund(self, ledger: Ledger, charge: Charge) -> Ledger:
+        return Ledger(ledger.token_budget + charge.tokens, ledger.input_budget + charge.rows)
+
+    # -- admission -------------------------------------------------------------------
+    def max_active_requests(self, p: StepParams) -> Num:
+        """How many requests may be running at once (vLLM's ``max_num_active_seqs``)."""
+        return p.max_num_seqs
+
+    def admission_rules(self, p: StepParams) -> list[AdmissionRule]:
+        return []
+
+    def accepts(self, p: StepParams) -> Cond:
+        return all_of(True, *(rule.holds for rule in self.admission_rules(p)))
+
+    def validate(self, config: EngineConfig) -> None:
+        """Raise ConfigError with vLLM's reason when this policy refuses ``config``."""
+        for rule in self.admission_rules(StepParams.of(config)):
+            if not rule.holds:
+                raise ConfigError(rule.field, rule.reason)
+
+
+class Additive(Policy):
+    """vLLM 0.32: one input budget; each request costs its target tokens plus ``slots``.
+
+    Mirrors ``Scheduler.schedule``: the loops stop once ``input_budget <= slots``, and a
+    request gets at most ``min(token_budget, input_budget - slots)`` tokens.
+    """
+
+    name = "additive"
+    tables = "0.32"
+
+    def room(self, p: StepParams, ledger: Ledger) -> Num:
+        return imin(ledger.token_budget, ledger.input_budget - self.draft_slots(p))
+
+    def exhausted(self, p: StepParams, ledger: Ledger) -> Cond:
+        slots = self.draft_slots(p)
+        return any_of(ledger.token_budget <= 0, ledger.input_budget <= slots)
+
+    def charge(self, p: StepParams, q: Num) -> Charge:
+        return Charge(q, q + self.draft_slots(p))
+
+    def admission_rules(self, p: StepParams) -> list[AdmissionRule]:
+        slots = self.draft_slots(p)
+        # vLLM VllmConfig._set_max_num_scheduled_tokens
+        return [
+            AdmissionRule(
+                "max_num_batched_tokens",
+                p.max_num_batched_tokens > slots,
+                "VllmConfig does not have enough slots to schedule a token and support the"
+                f" speculative decoding settings (max_num_batched_tokens must exceed"
+                f" max_num_new_slots_for_drafting={slots})",
+            )
+        ]
+
+
+class StaticCap(Additive):
+    """vLLM 0.33: the additive budget with 0.33's slots (DFlash/DSpark reserve none),
+    and DFlash/DSpark admission capped at ``max_num_batched_tokens // num_lookahead_tokens``.
+    """
+
+    name = "static-cap"
+    tables = "0.33"
+
+    def max_active_requests(self, p: StepParams) -> Num:
+        if not p.layout.drafts_in_own_pass:
+            return p.max_num_seqs
+        # vLLM VllmConfig._set_max_num_scheduled_tokens overrides max_num_active_seqs
+        draft_seqs = floordiv(p.max_num_batched_tokens, self.num_lookahead_tokens(p))
+        return imin(p.max_num_seqs, draft_seqs)
+
+    def admission_rules(self, p: StepParams) -> list[AdmissionRule]:
+        lookahead = self.num_lookahead_tokens(p)
+        return [
+            AdmissionRule(
+                "max_num_batched_tokens",
+                p.max_num_batched_tokens > lookahead,
+                "VllmConfig does not have enough slots to schedule a token and support the"
+                f" speculative decoding settings (max_num_batched_tokens must exceed"
+                f" num_lookahead_tokens={lookahead})",
+            )
+        ]
+
+
+class GlobalReserve(Policy):
+    """vLLM before the adaptive change: a target cap fixed at config time,
+    ``S' = max_num_batched_tokens - max_num_seqs * slots``, whatever the step holds.
+    """
+
+    name = "global-reserve"
+    tables = "0.32"
+
+    def reserved_target_cap(self, p: StepParams) -> Num:
+        reserve = p.max_num_seqs * self.draft_slots(p)
+        return imin(p.max_num_scheduled_tokens, p.max_num_batched_tokens - reserve)
+
+    def open(self, p: StepParams) -> Ledger:
+        return Ledger(self.reserved_target_cap(p), p.max_num_batched_tokens)
+
+    def room(self, p: StepParams, ledger: Ledger) -> Num:
+        return ledger.token_budget
+
+    def charge(self, p: StepParams, q: Num) -> Charge:
+        # The input budget is not tracked: the static reserve is the whole guarantee.
+        return Charge(q, 0)
+
+    def admission_rules(self, p: StepParams) -> list[AdmissionRule]:
+        return [
+            AdmissionRule(
+                "max_num_batched_tokens",
+                self.reserved_target_cap(p) > 0,
+                "max_num_scheduled_tokens (max_num_batched_tokens - max_num_seqs *"
+                " max_num_new_slots_for_drafting) does not allow any tokens to be scheduled",
+            )
+        ]
+
+
+class Dual(Policy):
+    """Separate budgets: target tokens against ``S``, true draft input rows against ``B``."""
+
+    name = "dual"
+    tables = "0.33"
+
+    def open(self, p: StepParams) -> Ledger:
+        target_budget = imin(p.max_num_scheduled_tokens, p.max_num_batched_tokens)
+        return Ledger(target_budget, p.max_num_batched_tokens)
+
+    def room(self, p: StepParams, ledger: Ledger) -> Num:
+        fixed_rows = p.draft_rows(0)
+        if p.layout.carries_target_rows:
+            return imin(ledger.token_budget, ledger.input_budget - fixed_rows)
+        return ite(ledger.input_budget >= fixed_rows, ledger.token_budget, 0)
+
+    def charge(self, p: StepParams, q: Num) -> Charge:
+        return Charge(q, p.draft_rows(q))
+
+    def admission_rules(self, p: StepParams) -> list[AdmissionRule]:
+        one_request = p.draft_rows(1)
+        return [
+            AdmissionRule(
+                "max_num_batched_tokens",
+                p.max_num_batched_tokens >= one_request,
+                f"max_num_batched_tokens must hold one request's draft rows C(1)={one_request}",
+            )
+        ]
+
+
+POLICIES: dict[str, Policy] = {
+    policy.name: policy for policy in (GlobalReserve(), Additive(), StaticCap(), Dual())
+}
