@@ -1,0 +1,103 @@
+"""The ``dualbudget`` command line.
+
+Each subcommand lives beside the code it drives and is imported only when run, so that
+``dualbudget schedule`` never loads z3 and nothing but ``integration`` ever loads vLLM.
+A subcommand is a function ``(argparse.Namespace) -> int`` (its exit code). Bad input
+anywhere raises ``BadInput``: one line on stderr, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.methods import LAYOUT_NAMES
+from dualbudget.spec.profiles import PROFILE_NAMES
+
+CONTRACTS = ("C1", "C2", "C3", "C4", "C5", "C6")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dualbudget", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    schedule = sub.add_parser("schedule", help="run the reference scheduler on a scenario")
+    schedule.add_argument("scenario", help="scenario JSON file")
+    schedule.add_argument("--profile", choices=PROFILE_NAMES, help="override the scenario's")
+    schedule.add_argument("--max-steps", type=_positive_int, help="stop after N steps")
+    schedule.set_defaults(run="dualbudget.reference.commands:schedule")
+
+    prove = sub.add_parser("prove", help="prove every policy against the contract with z3")
+    prove.add_argument("--profile", action="append", choices=PROFILE_NAMES)
+    prove.add_argument("--layout", action="append", choices=LAYOUT_NAMES)
+    prove.add_argument("--only", action="append", choices=CONTRACTS, metavar="CONTRACT")
+    prove.add_argument("--mutants", action="store_true", help="also run the mutant suite")
+    prove.add_argument("--json", metavar="FILE")
+    prove.add_argument("--junit", metavar="FILE")
+    prove.add_argument("--witness-dir", metavar="DIR", help="where witness scenarios go")
+    prove.set_defaults(run="dualbudget.proofs.commands:prove")
+
+    fuzz = sub.add_parser("fuzz", help="lockstep-fuzz the installed vLLM against the reference")
+    fuzz.add_argument("--examples", type=_positive_int, default=100)
+    fuzz.add_argument("--seed", type=int, default=0)
+    fuzz.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
+    fuzz.add_argument("--max-seconds", type=_nonnegative_float)
+    fuzz.add_argument("--json", metavar="FILE")
+    fuzz.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")
+    fuzz.set_defaults(run="dualbudget.integration.commands:fuzz")
+
+    bench = sub.add_parser("bench", help="steps/s of the reference, the live vLLM, lockstep")
+    bench.add_argument("--json", metavar="FILE")
+    bench.set_defaults(run="dualbudget.integration.commands:bench")
+
+    check = sub.add_parser("check", help="the main job: proofs, a short fuzz, one verdict")
+    check.add_argument("--fuzz-seconds", type=_nonnegative_float, default=60.0)
+    check.add_argument("--seed", type=int, default=1)
+    check.add_argument("--json", metavar="FILE")
+    check.set_defaults(run="dualbudget.integration.commands:check")
+    return parser
+
+
+def _resolve(target: str) -> object:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = _resolve(args.run)
+    try:
+        code = command(args)  # type: ignore[operator]
+    except BadInput as err:
+        print(f"dualbudget {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return int(code)
