@@ -56,6 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--max-steps", type=_positive_int, help="stop after N steps")
     schedule.set_defaults(run="dualbudget.reference.commands:schedule")
 
+    replay = sub.add_parser("replay", help="check recorded vLLM traces against the reference")
+    replay.add_argument("traces", nargs="+", metavar="TRACE", help="dualbudget-trace NDJSON")
+    replay.add_argument("--profile", choices=PROFILE_NAMES, help="default: from vllm_version")
+    replay.set_defaults(run="dualbudget.reference.replay:replay")
+
+    workload = sub.add_parser("workload", help="write a seeded synthetic workload scenario")
+    workload.add_argument("name", help="a preset: dspark-bench, chat-poisson, long-prompts")
+    workload.add_argument("--seed", type=int, default=0)
+    workload.add_argument("--profile", choices=PROFILE_NAMES, help="override the preset's")
+    workload.add_argument("--out", metavar="FILE", help="default: standard output")
+    workload.set_defaults(run="dualbudget.reference.workload:command")
+
     prove = sub.add_parser("prove", help="prove every policy against the contract with z3")
     prove.add_argument("--profile", action="append", choices=PROFILE_NAMES)
     prove.add_argument("--layout", action="append", choices=LAYOUT_NAMES)

@@ -1,0 +1,240 @@
+"""The trace format ``dualbudget-trace``, version 1: NDJSON, one object per line.
+
+Line 1, the header::
+
+    {"format": "dualbudget-trace", "version": 1, "vllm_version": "0.32.0",
+     "source": "engine" | "scheduler" | "synthetic", "scheduler_class": "...",
+     "async_scheduling": false, "config": {... vLLM's names, as in a scenario ...}}
+
+then, in the order they happened, the events that came from outside the scheduler and the
+decisions it made::
+
+    {"event": "add_request", "request_id", "prompt_len", "max_tokens", "priority", "arrival_time"}
+    {"event": "abort", "request_id"}
+    {"event": "step", "step", "num_scheduled_tokens", "scheduled_spec_tokens", "preempted",
+     "finished", ...}                      (a step record, DESIGN.md section 4)
+    {"event": "model_output", "num_sampled": {id: n}}
+    {"event": "draft_proposals", "num_drafts": {id: n}}
+
+and last ``{"event": "end", "steps": N}``: a trace without it was cut short. Only
+budget-relevant fields are kept: no token ids, no prompts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from dualbudget.spec.config import EngineConfig
+from dualbudget.spec.errors import BadInput
+
+from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
+from .scenario import ScenarioError, config_to_json, parse_config
+
+FORMAT = "dualbudget-trace"
+VERSION = 1
+SOURCES = ("engine", "scheduler", "synthetic")
+
+Entry = Event | StepRecord
+
+
+class TraceError(BadInput):
+    """A trace that cannot be read: corrupt, truncated, or of another format or version."""
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    vllm_version: str
+    source: str
+    config: EngineConfig
+    scheduler_class: str = "vllm.v1.core.sched.scheduler.Scheduler"
+    async_scheduling: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts about the recording (e.g. a method substituted on CPU)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "vllm_version": self.vllm_version,
+            "source": self.source,
+            "scheduler_class": self.scheduler_class,
+            "async_scheduling": self.async_scheduling,
+            "config": config_to_json(self.config),
+            "notes": dict(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: str
+    header: TraceHeader
+    entries: tuple[Entry, ...]
+
+    @property
+    def steps(self) -> int:
+        return sum(isinstance(entry, StepRecord) for entry in self.entries)
+
+
+def entry_to_json(entry: Entry) -> dict[str, Any]:
+    if isinstance(entry, StepRecord):
+        return {"event": "step", **entry.to_json()}
+    if isinstance(entry, AddRequest):
+        return {
+            "event": "add_request",
+            "request_id": entry.request_id,
+            "prompt_len": entry.prompt_len,
+            "max_tokens": entry.max_tokens,
+            "priority": entry.priority,
+            "arrival_time": entry.arrival_time,
+        }
+    if isinstance(entry, Abort):
+        return {"event": "abort", "request_id": entry.request_id}
+    if isinstance(entry, ModelOutput):
+        return {"event": "model_output", "num_sampled": dict(entry.num_sampled)}
+    if isinstance(entry, DraftProposals):
+        return {"event": "draft_proposals", "num_drafts": dict(entry.num_drafts)}
+    raise TypeError(f"not a trace entry: {entry!r}")
+
+
+class TraceWriter:
+    """Writes a trace line by line, flushing each, so a crash leaves a readable prefix
+    (which ``read_trace`` then reports as truncated)."""
+
+    def __init__(self, stream: IO[str], header: TraceHeader) -> None:
+        self._stream = stream
+        self._steps = 0
+        self._write(header.to_json())
+
+    def write(self, entry: Entry) -> None:
+        if isinstance(entry, StepRecord):
+            self._steps += 1
+        self._write(entry_to_json(entry))
+
+    def close(self) -> None:
+        self._write({"event": "end", "steps": self._steps})
+        self._stream.close()
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._stream.flush()
+
+
+def read_trace(path: str | Path) -> Trace:
+    name = str(path)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise TraceError(f"trace {name!r}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"trace {name!r}: not a text file") from None
+    objects = _json_lines(name, lines)
+    header = _header(name, next(objects, None))
+    entries: list[Entry] = []
+    for lineno, obj in objects:
+        kind = obj.get("event")
+        if kind == "end":
+            steps = sum(isinstance(entry, StepRecord) for entry in entries)
+            if obj.get("steps") != steps:
+                raise TraceError(
+                    f"trace {name!r} line {lineno}: end says {obj.get('steps')!r} steps,"
+                    f" the trace holds {steps}"
+                )
+            if next(objects, None) is not None:
+                raise TraceError(f"trace {name!r}: lines after the end line")
+            return Trace(name, header, tuple(entries))
+        entries.append(_entry(name, lineno, obj))
+    raise TraceError(f"trace {name!r}: truncated: no end line after {len(lines)} lines")
+
+
+def _json_lines(name: str, lines: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise TraceError(f"trace {name!r} line {lineno}: empty line")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TraceError(f"trace {name!r} line {lineno}: corrupt JSON: {err.msg}") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"trace {name!r} line {lineno}: not a JSON object")
+        yield lineno, obj
+
+
+def _header(name: str, first: tuple[int, dict[str, Any]] | None) -> TraceHeader:
+    if first is None:
+        raise TraceError(f"trace {name!r}: empty")
+    _, obj = first
+    if obj.get("format") != FORMAT:
+        raise TraceError(f"trace {name!r}: not a {FORMAT} file (format {obj.get('format')!r})")
+    if obj.get("version") != VERSION:
+        raise TraceError(
+            f"trace {name!r}: {FORMAT} version {obj.get('version')!r}, this reads version"
+            f" {VERSION} only"
+        )
+    source = obj.get("source")
+    if source not in SOURCES:
+        raise TraceError(f"trace {name!r}: source {source!r} is not one of {SOURCES}")
+    version = obj.get("vllm_version")
+    if not isinstance(version, str):
+        raise TraceError(f"trace {name!r}: header.vllm_version must be a string")
+    try:
+        config = parse_config(obj.get("config"))
+    except ScenarioError as err:
+        raise TraceError(f"trace {name!r}: header.{err}") from None
+    notes = obj.get("notes", {})
+    return TraceHeader(
+        vllm_version=version,
+        source=source,
+        config=config,
+        scheduler_class=str(obj.get("scheduler_class", "")),
+        async_scheduling=bool(obj.get("async_scheduling", False)),
+        notes=notes if isinstance(notes, dict) else {},
+    )
+
+
+def _counts(name: str, lineno: int, value: object, key: str) -> dict[str, int]:
+    if not isinstance(value, dict) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in value.values()
+    ):
+        raise TraceError(f"trace {name!r} line {lineno}: {key} must map ids to integers")
+    return {str(k): int(v) for k, v in value.items()}
+
+
+def _entry(name: str, lineno: int, obj: dict[str, Any]) -> Entry:
+    kind = obj.get("event")
+    try:
+        if kind == "add_request":
+            return AddRequest(
+                request_id=str(obj["request_id"]),
+                prompt_len=int(obj["prompt_len"]),
+                max_tokens=int(obj["max_tokens"]),
+                priority=int(obj.get("priority", 0)),
+                arrival_time=float(obj.get("arrival_time", 0.0)),
+            )
+        if kind == "abort":
+            return Abort(str(obj["request_id"]))
+        if kind == "model_output":
+            return ModelOutput(_counts(name, lineno, obj["num_sampled"], "num_sampled"))
+        if kind == "draft_proposals":
+            return DraftProposals(_counts(name, lineno, obj["num_drafts"], "num_drafts"))
+        if kind == "step":
+            return StepRecord(
+                step=int(obj["step"]),
+                num_scheduled_tokens=_counts(
+                    name, lineno, obj["num_scheduled_tokens"], "num_scheduled_tokens"
+                ),
+                scheduled_spec_tokens=_counts(
+                    name, lineno, obj.get("scheduled_spec_tokens", {}), "scheduled_spec_tokens"
+                ),
+                preempted=[str(r) for r in obj.get("preempted", [])],
+                finished=[str(r) for r in obj.get("finished", [])],
+                target_tokens=int(obj.get("target_tokens", 0)),
+                draft_rows=int(obj.get("draft_rows", 0)),
+                budgets_left=dict(obj.get("budgets_left", {})),
+            )
+    except (KeyError, TypeError, ValueError) as err:
+        raise TraceError(f"trace {name!r} line {lineno}: bad {kind} event: {err}") from None
+    raise TraceError(f"trace {name!r} line {lineno}: unknown event {kind!r}")

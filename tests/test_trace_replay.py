@@ -1,0 +1,143 @@
+"""Trace validation: a replay passes only when every recorded decision is the reference's,
+fails naming the step when one differs, and refuses unreadable traces with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dualbudget.reference.record import write_synthetic_trace
+from dualbudget.reference.replay import replay_trace
+from dualbudget.reference.trace import TraceError, read_trace
+from dualbudget.reference.workload import preset
+
+SHIPPED = Path(__file__).parent / "data" / "traces"
+
+
+def dualbudget(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dualbudget", *args], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def trace_lines(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    scenario = preset("chat-poisson").scenario(seed=7)
+    path = tmp_path_factory.mktemp("trace") / "t.ndjson"
+    with path.open("w") as stream:
+        write_synthetic_trace(scenario, stream, "0.32.0", max_steps=120)
+    return path.read_text().splitlines()
+
+
+def write(tmp_path: Path, lines: list[str]) -> str:
+    path = tmp_path / "trace.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_faithful_trace_replays(tmp_path: Path, trace_lines: list[str]) -> None:
+    run = dualbudget("replay", write(tmp_path, trace_lines))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "120 steps replayed" in run.stdout
+
+
+@pytest.mark.parametrize("field", ["num_scheduled_tokens", "preempted", "finished", "spec"])
+def test_changing_one_decision_fails_and_names_the_step(
+    tmp_path: Path, trace_lines: list[str], field: str
+) -> None:
+    lines = list(trace_lines)
+    for i, line in enumerate(lines):
+        obj = json.loads(line)
+        if obj.get("event") != "step" or obj["step"] < 40 or not obj["num_scheduled_tokens"]:
+            continue
+        rid = next(iter(obj["num_scheduled_tokens"]))
+        if field == "num_scheduled_tokens":
+            obj["num_scheduled_tokens"][rid] += 1
+        elif field == "spec":
+            obj["scheduled_spec_tokens"][rid] = obj["scheduled_spec_tokens"].get(rid, 0) + 1
+        else:
+            obj[field] = [*obj[field], "phantom"]
+        lines[i] = json.dumps(obj)
+        step = obj["step"]
+        break
+    run = dualbudget("replay", write(tmp_path, lines))
+    assert run.returncode == 1
+    assert f"DIVERGES at step {step}" in run.stdout
+
+
+def test_another_profile_diverges(tmp_path: Path) -> None:
+    # The same P-EAGLE workload: 0.32 and global-reserve budget it differently.
+    path = tmp_path / "t.ndjson"
+    with path.open("w") as stream:
+        write_synthetic_trace(preset("chat-poisson").scenario(seed=1), stream, "0.32.0", 60)
+    result = replay_trace(read_trace(path), None)
+    assert result.ok and result.steps_checked == 60
+    run = dualbudget("replay", "--profile", "global-reserve", str(path))
+    assert run.returncode == 1 and "DIVERGES" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("mangle", "needle"),
+    [
+        (lambda lines: lines[:-1], "truncated: no end line"),
+        (lambda lines: [*lines[:5], "{not json", *lines[5:]], "corrupt JSON"),
+        (
+            lambda lines: [lines[0].replace('"version":1', '"version":2'), *lines[1:]],
+            "version 2, this reads version 1 only",
+        ),
+        (
+            lambda lines: [lines[0].replace("dualbudget-trace", "other"), *lines[1:]],
+            "not a dualbudget-trace file",
+        ),
+        (
+            lambda lines: [
+                lines[0].replace('"async_scheduling":false', '"async_scheduling":true'),
+                *lines[1:],
+            ],
+            "async scheduling",
+        ),
+        (
+            lambda lines: [lines[0].replace('"0.32.0"', '"0.99.0"'), *lines[1:]],
+            "no profile for vLLM '0.99.0'",
+        ),
+        (lambda lines: [], "empty"),
+    ],
+)
+def test_unreadable_traces_exit_2_with_one_line(
+    tmp_path: Path, trace_lines: list[str], mangle: object, needle: str
+) -> None:
+    run = dualbudget("replay", write(tmp_path, mangle(list(trace_lines))))  # type: ignore[operator]
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.count("\n") == 1 and needle in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_trace_without_steps_is_not_a_pass(tmp_path: Path, trace_lines: list[str]) -> None:
+    run = dualbudget("replay", write(tmp_path, [trace_lines[0], '{"event":"end","steps":0}']))
+    assert run.returncode == 1 and "checks nothing" in run.stdout
+
+
+def test_read_trace_counts_steps(tmp_path: Path, trace_lines: list[str]) -> None:
+    lines = list(trace_lines)
+    lines[-1] = '{"event":"end","steps":3}'
+    with pytest.raises(TraceError, match="end says 3 steps"):
+        read_trace(write(tmp_path, lines))
+
+
+SHIPPED_TRACES = sorted(SHIPPED.glob("*.ndjson"))
+
+
+def test_traces_are_shipped() -> None:
+    assert SHIPPED_TRACES, f"no trace under {SHIPPED}"
+
+
+@pytest.mark.parametrize("path", SHIPPED_TRACES, ids=lambda p: p.name)
+def test_every_shipped_trace_replays(path: Path) -> None:
+    result = replay_trace(read_trace(path))
+    assert result.divergence is None, result.divergence
+    assert not result.violations, result.violations
+    assert result.steps_checked == read_trace(path).steps > 0
