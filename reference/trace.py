@@ -115,6 +115,9 @@ class TraceWriter:
         self._write(entry_to_json(entry))
 
     def close(self) -> None:
+        """Write the end line and close; a second call does nothing."""
+        if self._stream.closed:
+            return
         self._write({"event": "end", "steps": self._steps})
         self._stream.close()
 

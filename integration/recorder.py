@@ -1,0 +1,220 @@
+"""A vLLM scheduler that writes a ``dualbudget-trace`` while it schedules.
+
+Select it with vLLM's own option, in the engine or the server::
+
+    LLM(..., scheduler_cls="dualbudget.integration.recorder.RecordingScheduler")
+    python -m vllm.entrypoints.openai.api_server ... \\
+        --scheduler-cls dualbudget.integration.recorder.RecordingScheduler
+
+and name the trace file in ``DUALBUDGET_TRACE`` (required: the class refuses to start
+without it). ``DUALBUDGET_TRACE_SOURCE`` says what drives the scheduler: ``engine``
+(the default) or ``scheduler`` (driven directly, as the live adapter does). Under async
+scheduling select ``RecordingAsyncScheduler``, which subclasses vLLM's ``AsyncScheduler``;
+the header records which class was used and whether scheduling was async.
+
+The recorder only reads: every call goes to vLLM's own method unchanged, and what it
+writes is taken from the arguments and results (``tests/test_recorder_live.py`` runs one
+workload with and without it and compares every decision).
+
+vLLM is imported lazily: the classes are built on first attribute access, which is how
+vLLM's ``resolve_obj_by_qualname`` reaches them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+from typing import Any
+
+from dualbudget.reference.events import (
+    Abort,
+    AddRequest,
+    DraftProposals,
+    ModelOutput,
+    StepRecord,
+)
+from dualbudget.reference.trace import TraceHeader, TraceWriter
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.policies import StepParams
+
+TRACE_ENV = "DUALBUDGET_TRACE"
+SOURCE_ENV = "DUALBUDGET_TRACE_SOURCE"
+
+
+def engine_config_of(vllm_config: Any, num_gpu_blocks: int) -> EngineConfig:
+    """The budget-relevant part of a ``VllmConfig``, in this project's types."""
+    sched = vllm_config.scheduler_config
+    spec = vllm_config.speculative_config
+    speculative = None
+    if spec is not None:
+        layout = None
+        if spec.method == "dspark":
+            hf_config = spec.draft_model_config.hf_config
+            layout = "anchor" if getattr(hf_config, "sample_from_anchor", True) else "fill-in"
+        speculative = SpeculativeConfig(
+            method=spec.method,
+            num_speculative_tokens=spec.num_speculative_tokens,
+            parallel_drafting=bool(spec.parallel_drafting),
+            dspark_layout=layout,
+        )
+    return EngineConfig(
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=vllm_config.model_config.max_model_len,
+        block_size=vllm_config.cache_config.block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        enable_chunked_prefill=bool(sched.enable_chunked_prefill),
+        long_prefill_token_threshold=sched.long_prefill_token_threshold,
+        scheduling_policy=str(getattr(sched.policy, "value", sched.policy)),
+        max_num_scheduled_tokens=sched.max_num_scheduled_tokens,
+        speculative_config=speculative,
+    )
+
+
+def step_record_of(step: int, output: Any, params: StepParams) -> StepRecord:
+    """A vLLM ``SchedulerOutput`` as a step record (vLLM keeps no budgets to report)."""
+    scheduled = {str(rid): int(n) for rid, n in output.num_scheduled_tokens.items()}
+    return StepRecord(
+        step=step,
+        num_scheduled_tokens=scheduled,
+        scheduled_spec_tokens={
+            str(rid): len(ids) for rid, ids in output.scheduled_spec_decode_tokens.items()
+        },
+        preempted=sorted(str(rid) for rid in (output.preempted_req_ids or ())),
+        finished=sorted(str(rid) for rid in output.finished_req_ids),
+        target_tokens=sum(scheduled.values()),
+        draft_rows=sum(int(params.draft_rows(q)) for q in scheduled.values()),
+    )
+
+
+class _Recording:
+    """The recording half of the scheduler classes built below (a mixin)."""
+
+    _trace: TraceWriter
+    _params: StepParams
+    _steps: int
+
+    def _open_trace(self, base: type, vllm_config: Any, num_gpu_blocks: int) -> None:
+        path = os.environ.get(TRACE_ENV)
+        if not path:
+            raise RuntimeError(f"{TRACE_ENV} must name the trace file to write")
+        source = os.environ.get(SOURCE_ENV, "engine")
+        import vllm
+
+        config = engine_config_of(vllm_config, num_gpu_blocks)
+        header = TraceHeader(
+            vllm_version=vllm.__version__,
+            source=source,
+            config=config,
+            scheduler_class=f"{base.__module__}.{base.__qualname__}",
+            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
+        )
+        self._params = StepParams.of(config)
+        self._steps = 0
+        self._trace = TraceWriter(open(path, "w"), header)  # noqa: SIM115 (closed below)
+        # An engine may exit without calling shutdown(); the end line must still be written.
+        atexit.register(self._trace.close)
+
+    def _record_request(self, request: Any) -> None:
+        self._trace.write(
+            AddRequest(
+                request_id=str(request.request_id),
+                prompt_len=int(request.num_prompt_tokens),
+                max_tokens=int(request.max_tokens),
+                priority=int(request.priority),
+                arrival_time=float(request.arrival_time),
+            )
+        )
+
+    def _record_step(self, output: Any) -> None:
+        self._trace.write(step_record_of(self._steps, output, self._params))
+        self._steps += 1
+
+    def _record_output(self, scheduler_output: Any, runner_output: Any) -> None:
+        sampled = runner_output.sampled_token_ids or []
+        index = runner_output.req_id_to_index
+        self._trace.write(
+            ModelOutput(
+                {
+                    str(rid): len(sampled[index[rid]]) if sampled and rid in index else 0
+                    for rid in scheduler_output.num_scheduled_tokens
+                }
+            )
+        )
+
+    def _record_drafts(self, draft_token_ids: Any) -> None:
+        self._trace.write(
+            DraftProposals(
+                {
+                    str(rid): len(ids)
+                    for rid, ids in zip(
+                        draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=True
+                    )
+                }
+            )
+        )
+
+
+@functools.cache
+def _build(base_path: str) -> type:
+    module_name, _, class_name = base_path.rpartition(".")
+    import importlib
+
+    from vllm.v1.request import RequestStatus
+
+    base = getattr(importlib.import_module(module_name), class_name)
+
+    class Recording(_Recording, base):  # type: ignore[misc, valid-type]
+        def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kw: Any):
+            super().__init__(vllm_config, kv_cache_config, *args, **kw)
+            self._open_trace(base, vllm_config, int(kv_cache_config.num_blocks))
+
+        def add_request(self, request: Any) -> None:
+            self._record_request(request)
+            super().add_request(request)
+
+        def schedule(self, *args: Any, **kw: Any) -> Any:
+            output = super().schedule(*args, **kw)
+            self._record_step(output)
+            return output
+
+        def update_from_output(self, scheduler_output: Any, runner_output: Any) -> Any:
+            self._record_output(scheduler_output, runner_output)
+            return super().update_from_output(scheduler_output, runner_output)
+
+        def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+            self._record_drafts(draft_token_ids)
+            super().update_draft_token_ids(draft_token_ids)
+
+        def update_draft_token_ids_in_output(self, draft_token_ids: Any, output: Any) -> None:
+            self._record_drafts(draft_token_ids)
+            super().update_draft_token_ids_in_output(draft_token_ids, output)
+
+        def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+            if finished_status == RequestStatus.FINISHED_ABORTED:
+                ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+                for rid in ids:
+                    if rid in self.requests and not self.requests[rid].is_finished():
+                        self._trace.write(Abort(str(rid)))
+            return super().finish_requests(request_ids, finished_status)
+
+        def shutdown(self) -> None:
+            self._trace.close()
+            super().shutdown()
+
+    Recording.__name__ = Recording.__qualname__ = f"Recording{class_name}"
+    Recording.__module__ = __name__
+    return Recording
+
+
+_CLASSES = {
+    "RecordingScheduler": "vllm.v1.core.sched.scheduler.Scheduler",
+    "RecordingAsyncScheduler": "vllm.v1.core.sched.async_scheduler.AsyncScheduler",
+}
+
+
+def __getattr__(name: str) -> type:
+    if name in _CLASSES:
+        return _build(_CLASSES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
