@@ -4,7 +4,8 @@ that every decision the real scheduler made is the one the reference makes.
 The profile comes from the trace's vLLM version (``0.32.x`` -> ``vllm-0.32``, ``0.33.x``
 -> ``vllm-0.33``) unless the caller names one. A replay that checked no step is a
 failure, never a pass. Traces recorded under async scheduling are refused: the reference
-does not model output placeholders (see docs/traces.md).
+does not model output placeholders (see docs/traces.md), and so are traces recorded with
+prefix caching on, which the reference's subset leaves out.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
             f"trace {trace.path!r} was recorded under async scheduling; the reference does"
             " not model output placeholders, so it cannot replay it (record with"
             " async_scheduling off)"
+        )
+    if trace.header.enable_prefix_caching:
+        raise TraceError(
+            f"trace {trace.path!r} was recorded with prefix caching on, which the reference"
+            " does not model (record with enable_prefix_caching off)"
         )
     chosen = profile or profile_for_vllm_version(trace.header.vllm_version)
     scheduler = Scheduler(trace.header.config, chosen, check="record")

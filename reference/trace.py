@@ -4,7 +4,8 @@ Line 1, the header::
 
     {"format": "dualbudget-trace", "version": 1, "vllm_version": "0.32.0",
      "source": "engine" | "scheduler" | "synthetic", "scheduler_class": "...",
-     "async_scheduling": false, "config": {... vLLM's names, as in a scenario ...}}
+     "async_scheduling": false, "enable_prefix_caching": false,
+     "config": {... vLLM's names, as in a scenario ...}, "notes": {...}}
 
 then, in the order they happened, the events that came from outside the scheduler and the
 decisions it made::
@@ -52,6 +53,7 @@ class TraceHeader:
     config: EngineConfig
     scheduler_class: str = "vllm.v1.core.sched.scheduler.Scheduler"
     async_scheduling: bool = False
+    enable_prefix_caching: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about the recording (e.g. a method substituted on CPU)."""
 
@@ -63,6 +65,7 @@ class TraceHeader:
             "source": self.source,
             "scheduler_class": self.scheduler_class,
             "async_scheduling": self.async_scheduling,
+            "enable_prefix_caching": self.enable_prefix_caching,
             "config": config_to_json(self.config),
             "notes": dict(self.notes),
         }
@@ -193,9 +196,17 @@ def _header(name: str, first: tuple[int, dict[str, Any]] | None) -> TraceHeader:
         source=source,
         config=config,
         scheduler_class=str(obj.get("scheduler_class", "")),
-        async_scheduling=bool(obj.get("async_scheduling", False)),
+        async_scheduling=_flag(name, obj, "async_scheduling"),
+        enable_prefix_caching=_flag(name, obj, "enable_prefix_caching"),
         notes=notes if isinstance(notes, dict) else {},
     )
+
+
+def _flag(name: str, header: dict[str, Any], key: str) -> bool:
+    value = header.get(key)
+    if not isinstance(value, bool):
+        raise TraceError(f"trace {name!r}: header.{key} must be true or false, got {value!r}")
+    return value
 
 
 def _counts(name: str, lineno: int, value: object, key: str) -> dict[str, int]:

@@ -1,0 +1,40 @@
+"""``dualbudget schedule SCENARIO.json``: the reference's step records as NDJSON.
+
+Exit 0 when the run ends (every request finished, or ``--max-steps``); exit 1 when the
+reference flags a contract violation or a stall (the finding goes to stderr with its step,
+after the record of that step); bad input raises BadInput (the CLI's exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .driver import ScenarioRun
+from .scenario import load_scenario
+from .scheduler import UnmirroredVllmCrash
+
+
+def schedule(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    run = ScenarioRun(scenario, profile=args.profile, max_steps=args.max_steps, check="record")
+    violations = run.scheduler.violations
+    try:
+        for record in run.records():
+            print(json.dumps(record.to_json()), flush=True)
+            if violations:
+                for violation in violations:
+                    print(
+                        f"dualbudget schedule: contract {violation.contract} broken at step"
+                        f" {violation.step} (profile {run.scenario.profile}): {violation.message}",
+                        file=sys.stderr,
+                    )
+                return 1
+    except UnmirroredVllmCrash as err:
+        print(f"dualbudget schedule: {err}", file=sys.stderr)
+        return 1
+    if run.stall is not None:
+        print(f"dualbudget schedule: {run.stall.message()}", file=sys.stderr)
+        return 1
+    return 0

