@@ -109,6 +109,7 @@ class _Recording:
             config=config,
             scheduler_class=f"{base.__module__}.{base.__qualname__}",
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
+            enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
         )
         self._params = StepParams.of(config)
         self._steps = 0

@@ -101,6 +101,13 @@ def test_another_profile_diverges(tmp_path: Path) -> None:
             "async scheduling",
         ),
         (
+            lambda lines: [
+                lines[0].replace('"enable_prefix_caching":false', '"enable_prefix_caching":true'),
+                *lines[1:],
+            ],
+            "prefix caching on",
+        ),
+        (
             lambda lines: [lines[0].replace('"0.32.0"', '"0.99.0"'), *lines[1:]],
             "no profile for vLLM '0.99.0'",
         ),
