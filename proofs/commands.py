@@ -1,0 +1,175 @@
+"""``dualbudget prove``: every obligation against the manifest; exit 0 only on a match."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+from xml.etree import ElementTree
+
+from dualbudget.spec.errors import BadInput
+
+from .manifest import load_manifest
+from .obligations import catalog
+from .runner import (
+    BOUNDS,
+    MutantOutcome,
+    Outcome,
+    mutant_json,
+    outcome_json,
+    run,
+    run_mutants,
+    select,
+    summary,
+    write_witnesses,
+)
+
+DEFAULT_WITNESS_DIR = Path("out") / "witnesses"
+
+
+def prove(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    out = sys.stdout
+    manifest = load_manifest()
+    problems = manifest.problems(ob.name for ob in catalog())
+    if problems:
+        raise BadInput("proofs/manifest.toml: " + "; ".join(problems[:5]))
+    obligations = select(args.profile, args.layout, args.only)
+    if not obligations:
+        raise BadInput("no obligation matches --profile/--layout/--only")
+    print(BOUNDS, file=out)
+    outcomes = run(obligations, manifest)
+    write_witnesses(outcomes, Path(args.witness_dir or DEFAULT_WITNESS_DIR))
+    print_table(outcomes, out)
+    print_findings(outcomes, out)
+    wall = time.perf_counter() - started
+    report = summary(outcomes, wall)
+    mutants: list[MutantOutcome] | None = None
+    if args.mutants:
+        t0 = time.perf_counter()
+        mutants = run_mutants(manifest)
+        print_mutants(mutants, out)
+        wall = time.perf_counter() - started
+        report["mutants_wall_seconds"] = round(time.perf_counter() - t0, 3)
+        report["wall_seconds"] = round(wall, 3)
+        report["mutants_killed"] = sum(bool(m.killed_by) for m in mutants)
+        report["mutants"] = len(mutants)
+        report["ok"] = report["ok"] and all(m.killed_by for m in mutants)
+    print_summary(report, out)
+    if args.json:
+        data: dict[str, object] = {
+            "obligations": [outcome_json(o) for o in outcomes],
+            "summary": report,
+        }
+        if mutants is not None:
+            data["mutants"] = [
+                {"name": m.name, "description": m.description, "killed_by": m.killed_by}
+                for m in mutants
+            ]
+            data["mutant_details"] = [mutant_json(m) for m in mutants]
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+    if args.junit:
+        write_junit(outcomes, mutants, Path(args.junit))
+    return 0 if report["ok"] else 1
+
+
+def print_table(outcomes: Sequence[Outcome], out: TextIO) -> None:
+    header = f"{'profile':<15} {'layout':<15} {'contract':<8} {'check':<34} {'verdict':<8}"
+    print(f"{header} {'expected':<8} {'seconds':>7}", file=out)
+    for o in outcomes:
+        flag = "" if o.matches else "   <-- MISMATCH"
+        vac = "" if o.nonvacuous else " (vacuous)"
+        print(
+            f"{o.profile:<15} {o.layout:<15} {o.contract:<8} {o.check:<34} {o.verdict:<8}"
+            f" {o.expected:<8} {o.seconds:7.2f}{vac}{flag}",
+            file=out,
+        )
+
+
+def print_findings(outcomes: Sequence[Outcome], out: TextIO) -> None:
+    failed = [o for o in outcomes if o.verdict != "holds" or not o.matches]
+    if not failed:
+        return
+    print("\nfailed obligations, with their witnesses:", file=out)
+    for o in failed:
+        print(f"\n* {o.name}: {o.verdict} (expected {o.expected})", file=out)
+        for reason in o.reasons[:3]:
+            print(f"    {reason}", file=out)
+        if o.table is not None:
+            print(o.table, file=out)
+            print(f"  scenario: {o.witness}", file=out)
+        elif o.counterexample is not None:
+            shown = " ".join(f"{k}={v}" for k, v in sorted(o.counterexample.items()))
+            print(f"  counterexample to induction (no concrete step found): {shown}", file=out)
+
+
+def print_mutants(mutants: Sequence[MutantOutcome], out: TextIO) -> None:
+    print("\nmutants (buggy twins of the ledger code):", file=out)
+    for m in mutants:
+        status = "killed" if m.killed_by else "SURVIVED"
+        print(
+            f"  {m.name:<30} {m.profile:<15} {status:<8} by {len(m.killed_by):>3}"
+            f" obligations ({m.seconds:.1f}s): {m.description}",
+            file=out,
+        )
+        for name in m.killed_by[:4]:
+            print(f"      {name}", file=out)
+        if len(m.killed_by) > 4:
+            print(f"      ... and {len(m.killed_by) - 4} more", file=out)
+        if m.unknown:
+            print(f"      unknown: {', '.join(m.unknown[:4])}", file=out)
+
+
+def print_summary(report: dict[str, object], out: TextIO) -> None:
+    print(
+        f"\nsummary: {report['obligations']} obligations: {report['holds']} hold,"
+        f" {report['fails']} fail ({report['expected_failures']} expected),"
+        f" {report['unknown']} unknown, {report['vacuous']} vacuous;"
+        f" {report['matching_manifest']} match the manifest;"
+        f" {report['witnesses']} witnesses written",
+        file=out,
+    )
+    mismatches = report["mismatches"]
+    if isinstance(mismatches, list) and mismatches:
+        print(f"MISMATCH with proofs/manifest.toml: {', '.join(mismatches)}", file=out)
+    if "mutants" in report:
+        print(
+            f"mutants: {report['mutants_killed']}/{report['mutants']} killed"
+            f" in {report['mutants_wall_seconds']} s",
+            file=out,
+        )
+    verdict = "OK" if report["ok"] else "FAILED"
+    print(f"prove: {verdict} in {report['wall_seconds']} s wall", file=out)
+
+
+def write_junit(
+    outcomes: Sequence[Outcome], mutants: Sequence[MutantOutcome] | None, path: Path
+) -> None:
+    suite = ElementTree.Element("testsuite", name="dualbudget.prove")
+    failures = 0
+    for o in outcomes:
+        case = ElementTree.SubElement(
+            suite,
+            "testcase",
+            classname=f"prove.{o.profile}.{o.layout}",
+            name=o.check,
+            time=f"{o.seconds:.3f}",
+        )
+        if not o.matches:
+            failures += 1
+            failure = ElementTree.SubElement(
+                case, "failure", message=f"verdict {o.verdict}, manifest expects {o.expected}"
+            )
+            failure.text = "\n".join([*o.reasons, o.table or ""])
+    for m in mutants or ():
+        case = ElementTree.SubElement(suite, "testcase", classname="prove.mutants", name=m.name)
+        if not m.killed_by:
+            failures += 1
+            ElementTree.SubElement(case, "failure", message="mutant survived every obligation")
+    suite.set("tests", str(len(outcomes) + len(mutants or ())))
+    suite.set("failures", str(failures))
+    ElementTree.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

@@ -1,0 +1,74 @@
+"""The manifest: the verdict expected of every obligation, and why for each failure.
+
+``proofs/manifest.toml`` has two tables. ``[expected]`` maps every obligation name
+(``profile/layout/check``) to ``"holds"`` or ``"fails"``; ``[why]`` gives one line for
+each expected failure: the finding about the policy. ``dualbudget prove`` fails when a
+verdict differs from it (a new failure and an unexpected pass alike), when an
+obligation has no entry, and when an entry names no obligation.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dualbudget.spec.errors import BadInput
+
+MANIFEST = Path(__file__).with_name("manifest.toml")
+VERDICTS = ("holds", "fails")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    entries: Mapping[str, str]
+    why: Mapping[str, str]
+
+    def expected(self, name: str) -> str:
+        return self.entries.get(name, "missing")
+
+    def problems(self, names: Iterable[str]) -> list[str]:
+        """What is wrong with the manifest itself, against the full catalog's names."""
+        names = list(names)
+        found = []
+        for name in names:
+            if name not in self.entries:
+                found.append(f"{name}: no manifest entry")
+        known = set(names)
+        for name, verdict in self.entries.items():
+            if name not in known:
+                found.append(f"{name}: manifest entry names no obligation")
+            if verdict not in VERDICTS:
+                found.append(f"{name}: expected verdict {verdict!r} is not holds/fails")
+            if verdict == "fails" and not self.why.get(name, "").strip():
+                found.append(f"{name}: expected failure without a why")
+        for name in self.why:
+            if self.entries.get(name) != "fails":
+                found.append(f"{name}: a why for an obligation not expected to fail")
+        return found
+
+
+def load_manifest(path: Path = MANIFEST) -> Manifest:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise BadInput(f"manifest {str(path)!r}: {err}") from None
+    expected = data.get("expected", {})
+    why = data.get("why", {})
+    return Manifest(dict(expected), dict(why))
+
+
+def render(verdicts: Mapping[str, str], why: Mapping[str, str]) -> str:
+    """The manifest text for ``verdicts`` (used to regenerate it after a reviewed change)."""
+    lines = [
+        "# Expected verdict of every obligation of `dualbudget prove` (proofs/README.md).",
+        "# A verdict that differs fails the run. Each expected failure has one line of why",
+        "# in [why]: the finding about the policy, with its witness in `prove`'s output.",
+        "",
+        "[expected]",
+    ]
+    lines += [f'"{name}" = "{verdict}"' for name, verdict in verdicts.items()]
+    lines += ["", "[why]"]
+    lines += [f'"{name}" = "{why[name]}"' for name in verdicts if name in why]
+    return "\n".join(lines) + "\n"
