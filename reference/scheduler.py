@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dualbudget.spec.book import StepBook
 from dualbudget.spec.config import EngineConfig, check_engine_config
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.invariants import step_violations
-from dualbudget.spec.policies import Charge, Ledger, StepParams
+from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import Profile
 
 from . import kv
@@ -62,9 +63,9 @@ class UnmirroredVllmCrash(RuntimeError):
 class _Step:
     """What one ``schedule`` call builds; it dies with the call."""
 
-    ledger: Ledger
+    book: StepBook
+    """The step's ledger and each scheduled request's charge (spec's proven book)."""
     scheduled: dict[str, int]
-    charges: dict[str, Charge]
     spec: dict[str, int]
     padded: list[str]
     preempted: list[str]
@@ -155,7 +156,7 @@ class Scheduler:
         step_index = state.num_steps
         state.num_steps += 1
         p, policy = self.params, self.policy
-        step = _Step(policy.open(p), {}, {}, {}, [], [], [])
+        step = _Step(StepBook.opened(policy, p), {}, {}, [], [], [])
 
         # Scheduler.schedule: the threshold only bites when someone could be starved.
         threshold = self.config.long_prefill_token_threshold
@@ -187,8 +188,8 @@ class Scheduler:
             target_tokens=sum(step.scheduled.values()),
             draft_rows=sum(int(p.draft_rows(q)) for q in step.scheduled.values()),
             budgets_left={
-                "token_budget": int(step.ledger.token_budget),
-                "input_budget": int(step.ledger.input_budget),
+                "token_budget": int(step.book.ledger.token_budget),
+                "input_budget": int(step.book.ledger.input_budget),
             },
         )
         self._check_contract(step_index, step, record)
@@ -196,14 +197,14 @@ class Scheduler:
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """The RUNNING loop of ``Scheduler.schedule``."""
-        state, p, policy = self.state, self.params, self.policy
+        state = self.state
         index = 0
-        while index < len(state.running) and not policy.exhausted(p, step.ledger):
+        while index < len(state.running) and not step.book.exhausted():
             request = state.requests[state.running[index]]
             need = request.num_tokens_with_spec - request.num_computed_tokens
             if 0 < threshold < need:
                 need = threshold
-            q = int(policy.grant(p, step.ledger, need))
+            q = int(step.book.grant(need))
             # The position cap vLLM applies for spec decoding: keep one slot for the
             # sampled token below max_model_len.
             q = min(
@@ -250,12 +251,11 @@ class Scheduler:
             del state.running[victim_index]
             if self.priority and victim_index < index:
                 index -= 1
-            charge = step.charges.pop(victim.request_id, None)
-            if charge is not None:
+            if step.book.is_scheduled(victim.request_id):
                 # Only priority scheduling can pick a victim already scheduled this step
                 # (FCFS takes the last running request, never one before ``request``).
-                # It gets back exactly what it was charged, once: the charge left the dict.
-                step.ledger = self.policy.refund(step.ledger, charge)
+                # The book refunds exactly what it charged, once.
+                step.book.preempt(victim.request_id)
                 del step.scheduled[victim.request_id]
                 step.spec.pop(victim.request_id, None)
                 step.scheduled_running.remove(victim.request_id)
@@ -293,11 +293,11 @@ class Scheduler:
         state, p, policy = self.state, self.params, self.policy
         k = self.num_spec_tokens
         skipped: list[str] = []
-        while not policy.exhausted(p, step.ledger) and state.waiting:
+        while not step.book.exhausted() and state.waiting:
             if len(state.running) >= policy.max_active_requests(p):
                 break
             request = state.requests[self._peek_waiting()]
-            room = int(policy.room(p, step.ledger))
+            room = int(policy.room(p, step.book.ledger))
             need = request.num_tokens - request.num_computed_tokens
             padded = False
             # Scheduler.schedule's pad_spec_decode: a new one-token decode joins a decode
@@ -318,7 +318,7 @@ class Scheduler:
                 need = threshold
             if not self.config.enable_chunked_prefill and need > room:
                 break
-            q = int(policy.grant(p, step.ledger, need))
+            q = int(step.book.grant(need))
             if q <= 0:
                 # Unreachable in the subset (the loop guard leaves room >= 1); mirrored for
                 # the branch's sake.
@@ -378,9 +378,7 @@ class Scheduler:
 
     def _take(self, step: _Step, request: RequestState, q: int) -> None:
         """Schedule ``q`` tokens of ``request``: the policy's charge, kept per request."""
-        charge = self.policy.charge(self.params, q)
-        step.ledger = self.policy.apply(step.ledger, charge)
-        step.charges[request.request_id] = charge
+        step.book.schedule(request.request_id, q)
         step.scheduled[request.request_id] = q
 
     # -- after the forward -----------------------------------------------------------
@@ -443,7 +441,8 @@ class Scheduler:
 
     # -- the contract ----------------------------------------------------------------
     def _check_contract(self, step_index: int, step: _Step, record: StepRecord) -> None:
-        found = step_violations(self.policy, self.params, step.ledger, step.scheduled, step.charges)
+        book = step.book
+        found = step_violations(self.policy, self.params, book.ledger, step.scheduled, book.charges)
         for violation in found:
             recorded = RecordedViolation(
                 step_index,
@@ -462,7 +461,7 @@ class Scheduler:
             "record": record.to_json(),
             "opened": {"token_budget": opened.token_budget, "input_budget": opened.input_budget},
             "charges": {
-                rid: {"tokens": c.tokens, "rows": c.rows} for rid, c in step.charges.items()
+                rid: {"tokens": c.tokens, "rows": c.rows} for rid, c in step.book.charges.items()
             },
             "state": self.state.to_json(),
         }
