@@ -85,16 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--max-seconds", type=_nonnegative_float)
     fuzz.add_argument("--json", metavar="FILE")
     fuzz.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")
+    fuzz.add_argument("--replay", metavar="SCENARIO", help="lockstep one scenario file and stop")
+    fuzz.add_argument("--layout", action="append", choices=LAYOUT_NAMES, help="only these")
+    fuzz.add_argument(
+        "--no-coverage-gate", action="store_true", help="do not fail on a coverage counter at 0"
+    )
     fuzz.set_defaults(run="dualbudget.integration.commands:fuzz")
 
     bench = sub.add_parser("bench", help="steps/s of the reference, the live vLLM, lockstep")
     bench.add_argument("--json", metavar="FILE")
+    bench.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
     bench.set_defaults(run="dualbudget.integration.commands:bench")
 
     check = sub.add_parser("check", help="the main job: proofs, a short fuzz, one verdict")
     check.add_argument("--fuzz-seconds", type=_nonnegative_float, default=60.0)
     check.add_argument("--seed", type=int, default=1)
     check.add_argument("--json", metavar="FILE")
+    check.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")
     check.set_defaults(run="dualbudget.integration.commands:check")
     return parser
 

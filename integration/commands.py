@@ -1,0 +1,369 @@
+"""``dualbudget fuzz``, ``dualbudget bench`` and ``dualbudget check``.
+
+Exit codes: 0 all agreed (and, for fuzz, every coverage counter above zero), 1 a
+divergence, an unknown contract finding, zero coverage or a failed proof, 2 bad input
+(including a missing vLLM: there is nothing to check against).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dualbudget.spec.errors import BadInput
+
+
+def _quiet_vllm() -> None:
+    # vLLM logs config warnings for every scheduler it builds; keep errors only.
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def _write_json(path: str | None, obj: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _vllm_or_exit(command: str) -> str | None:
+    from .live import installed_vllm_version
+
+    version = installed_vllm_version()
+    if version is None:
+        print(
+            f"dualbudget {command}: error: vLLM is not installed in {sys.executable}"
+            " (see docs/vllm-environments.md)",
+            file=sys.stderr,
+        )
+    return version
+
+
+def _profile(args: argparse.Namespace) -> tuple[str, str]:
+    """(profile, how it was chosen)."""
+    from .detect import DetectionFailed, detect
+
+    if getattr(args, "profile", None):
+        return args.profile, "--profile"
+    try:
+        found = detect()
+    except DetectionFailed as err:
+        raise BadInput(str(err).replace("\n", "; ")) from None
+    return found.profile, f"detected by {found.how}"
+
+
+# -- fuzz -----------------------------------------------------------------------------
+def fuzz(args: argparse.Namespace) -> int:
+    _quiet_vllm()
+    version = _vllm_or_exit("fuzz")
+    if version is None:
+        return 2
+    if getattr(args, "replay", None):
+        return _replay(args, version)
+    profile, how = _profile(args)
+    from .fuzz import FUZZ_LAYOUTS, run_fuzz
+
+    layouts = args.layout or list(FUZZ_LAYOUTS)
+    out_dir = args.out_dir or "fuzz-divergences"
+    print(
+        f"dualbudget fuzz: vLLM {version}, profile {profile} ({how}), seed {args.seed},"
+        f" {args.examples} examples, layouts {', '.join(layouts)}",
+        flush=True,
+    )
+    result = run_fuzz(
+        profile=profile,
+        vllm_version=version,
+        examples=args.examples,
+        seed=args.seed,
+        out_dir=out_dir,
+        max_seconds=args.max_seconds,
+        layouts=layouts,
+        progress=lambda line: print(line, flush=True),
+    )
+    code, table = _fuzz_verdict(result, layouts, gate=not args.no_coverage_gate)
+    print(table)
+    _write_json(args.json, fuzz_json(result))
+    return code
+
+
+def fuzz_json(result: Any) -> dict[str, Any]:
+    return {
+        "vllm_version": result.vllm_version,
+        "profile": result.profile,
+        "examples": result.examples,
+        "steps": result.steps,
+        "divergences": [
+            {
+                "step": d.step,
+                "kind": d.kind,
+                "reference": d.reference,
+                "live": d.live,
+                "scenario": d.scenario_path,
+                "replay": d.replay_command,
+            }
+            for d in result.divergences
+        ],
+        "coverage": result.totals(),
+        "coverage_by_method": result.coverage,
+        "constructions": {k: sorted(v) for k, v in result.constructions.items()},
+        "findings": [f.to_json() for f in result.findings],
+        "refused_configs": result.refused_configs,
+        "mirrored_crashes": result.mirrored_crashes,
+        "seconds": round(result.seconds, 2),
+    }
+
+
+def _fuzz_verdict(result: Any, layouts: list[str], *, gate: bool) -> tuple[int, str]:
+    from .lockstep import COVERAGE_EVENTS
+
+    short = {
+        "input_budget_bound": "input-bound",
+        "chunked_prefill": "chunked",
+        "preemption": "preempt",
+        "preempt_scheduled": "preempt-sched",
+        "padded_decode": "padded",
+        "rejected_drafts": "rejected",
+        "max_model_len_cap": "len-cap",
+    }
+    head = f"{'method':<16}{'ex':>4}" + "".join(f"{short[e]:>14}" for e in COVERAGE_EVENTS)
+    lines = ["", "coverage (events per method):", head + "  built as"]
+    for layout in layouts:
+        per = result.coverage.get(layout, {})
+        built = ", ".join(sorted(result.constructions.get(layout, set()))) or "-"
+        lines.append(
+            f"{layout:<16}{result.examples_by_layout.get(layout, 0):>4}"
+            + "".join(f"{per.get(e, 0):>14}" for e in COVERAGE_EVENTS)
+            + f"  {built}"
+        )
+    lines.append(
+        f"{result.examples} examples, {result.steps} steps in {result.seconds:.1f}s;"
+        f" {result.refused_configs} configs refused by both sides,"
+        f" {result.mirrored_crashes} mirrored crashes"
+    )
+    for finding in result.findings:
+        tag = "known finding" if finding.known else "UNKNOWN FINDING"
+        lines.append(
+            f"{tag}: {finding.contract} ({finding.profile}, {finding.layout}) at step"
+            f" {finding.step}: {finding.scenario_path}"
+        )
+    for divergence in result.divergences:
+        lines.append(divergence.report())
+    zeros = result.zero_coverage(layouts)
+    code = 0
+    if result.divergences:
+        verdict = f"FAIL: {len(result.divergences)} divergence(s) (seed {args_seed(result)})"
+        code = 1
+    elif result.unknown_findings:
+        verdict = "FAIL: the reference flagged a contract break not known as a finding"
+        code = 1
+    elif gate and zeros:
+        verdict = f"FAIL: coverage at zero for {', '.join(zeros)}"
+        code = 1
+    else:
+        verdict = "PASS: live vLLM and the reference agree on every step"
+        if zeros:
+            verdict += f" (coverage at zero: {', '.join(zeros)})"
+    lines.append(f"verdict: {verdict}")
+    return code, "\n".join(lines)
+
+
+def args_seed(result: Any) -> str:
+    seeds = {d.seed for d in result.divergences}
+    return ", ".join(str(s) for s in sorted(seeds, key=str))
+
+
+def _replay(args: argparse.Namespace, version: str) -> int:
+    from dualbudget.reference.scenario import load_scenario
+
+    from .lockstep import replay
+
+    scenario = load_scenario(args.replay)
+    if args.profile and args.profile != scenario.profile:
+        scenario = scenario.with_profile(args.profile)
+    steps, divergence = replay(scenario)
+    print(
+        f"dualbudget fuzz --replay: vLLM {version}, profile {scenario.profile},"
+        f" {steps} steps of {args.replay}"
+    )
+    if divergence is None:
+        print("verdict: PASS: no divergence")
+        return 0
+    divergence.scenario_path = str(args.replay)
+    print(divergence.report())
+    print("verdict: FAIL: divergence reproduced")
+    return 1
+
+
+# -- bench ----------------------------------------------------------------------------
+def bench_workloads(profile: str) -> list[Any]:
+    from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
+    from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+
+    workloads = []
+    for spec in (
+        None,
+        SpeculativeConfig("ngram", 3),
+        SpeculativeConfig("eagle3", 4, True),
+        SpeculativeConfig("dflash", 4, True),
+    ):
+        config = EngineConfig(
+            max_num_batched_tokens=512,
+            max_num_seqs=64,
+            max_model_len=1024,
+            block_size=16,
+            num_gpu_blocks=4096,
+            speculative_config=spec,
+        )
+        requests = tuple(
+            RequestSpec(str(i), 32 + (i * 37) % 96, 48 + (i * 53) % 80, i // 16) for i in range(128)
+        )
+        acceptance = Acceptance(fixed=None, per_position=(0.7, 0.6, 0.5, 0.4), seed=1)
+        workloads.append(validate(Scenario(profile, config, requests, acceptance)))
+    return workloads
+
+
+def _record_events(scenario: Any) -> list[list[Any]]:
+    """The event stream of a reference run, step by step (each list ends with the
+    step's ModelOutput/DraftProposals)."""
+    from dualbudget.reference.driver import ScenarioDriver
+    from dualbudget.reference.scheduler import Scheduler
+    from dualbudget.spec.profiles import profile_named
+
+    reference = Scheduler(scenario.config, profile_named(scenario.profile), check="record")
+    driver = ScenarioDriver(scenario)
+    steps = []
+    while not driver.done(reference.state):
+        events = driver.before_step()
+        record = None
+        for event in events:
+            record = reference.handle(event)
+        after = driver.after_step(record, reference.state)
+        for event in after:
+            reference.handle(event)
+        steps.append([*events, *after])
+    return steps
+
+
+def bench(args: argparse.Namespace) -> int:
+    _quiet_vllm()
+    version = _vllm_or_exit("bench")
+    if version is None:
+        return 2
+    profile, how = _profile(args)
+    from dualbudget.reference.scheduler import Scheduler
+    from dualbudget.spec.profiles import profile_named
+
+    from .live import LiveScheduler
+
+    print(f"dualbudget bench: vLLM {version}, profile {profile} ({how})", flush=True)
+    totals = {"reference": [0, 0.0], "live": [0, 0.0], "lockstep": [0, 0.0]}
+    rows = []
+    for scenario in bench_workloads(profile):
+        stream = _record_events(scenario)
+        method = (
+            scenario.config.speculative_config.method
+            if scenario.config.speculative_config
+            else "none"
+        )
+        timings = {}
+        for mode in ("reference", "live", "lockstep"):
+            consumers: list[Any] = []
+            if mode in ("reference", "lockstep"):
+                consumers.append(Scheduler(scenario.config, profile_named(profile), check="record"))
+            if mode in ("live", "lockstep"):
+                consumers.append(LiveScheduler(scenario.config))
+            start = time.perf_counter()
+            for events in stream:
+                outputs = [[c.handle(e) for e in events] for c in consumers]
+                if mode == "lockstep":
+                    ref = next(r for r in outputs[0] if r is not None)
+                    live = next(r for r in outputs[1] if r is not None)
+                    if ref.decision() != live.decision():
+                        print(f"  divergence at step {ref.step} (see dualbudget fuzz)")
+                        break
+            elapsed = time.perf_counter() - start
+            timings[mode] = len(stream) / elapsed
+            totals[mode][0] += len(stream)
+            totals[mode][1] += elapsed
+        rows.append((method, len(stream), timings))
+        print(
+            f"  {method:<8} {len(stream):>5} steps: reference {timings['reference']:>9.0f}/s"
+            f"  live {timings['live']:>7.0f}/s  lockstep {timings['lockstep']:>7.0f}/s"
+            f"  ratio {timings['reference'] / timings['live']:.1f}x",
+            flush=True,
+        )
+    rates = {mode: n / t for mode, (n, t) in totals.items()}
+    out = {
+        "vllm_version": version,
+        "profile": profile,
+        "reference_steps_per_s": round(rates["reference"], 1),
+        "live_steps_per_s": round(rates["live"], 1),
+        "lockstep_steps_per_s": round(rates["lockstep"], 1),
+        "ratio": round(rates["reference"] / rates["live"], 2),
+        "workloads": [
+            {"method": m, "steps": n, **{f"{k}_steps_per_s": round(v, 1) for k, v in t.items()}}
+            for m, n, t in rows
+        ],
+    }
+    print(
+        f"all: reference {out['reference_steps_per_s']}/s, live {out['live_steps_per_s']}/s,"
+        f" lockstep {out['lockstep_steps_per_s']}/s, ratio reference/live {out['ratio']}x"
+        " (target >= 10x)"
+    )
+    _write_json(args.json, out)
+    return 0
+
+
+# -- check ----------------------------------------------------------------------------
+def check(args: argparse.Namespace) -> int:
+    """The main job: the proofs, then a short fuzz, then one verdict table."""
+    rows: list[tuple[str, str, str]] = []
+    report: dict[str, Any] = {}
+    try:
+        prove = importlib.import_module("dualbudget.proofs.commands").prove
+    except (ImportError, AttributeError) as err:
+        prove = None
+        rows.append(("proofs", "FAIL", f"dualbudget.proofs.commands:prove unavailable: {err}"))
+    if prove is not None:
+        proof_args = argparse.Namespace(
+            profile=None, layout=None, only=None, mutants=False, json=None, junit=None,
+            witness_dir=None,
+        )  # fmt: skip
+        print("== proofs", flush=True)
+        proof_code = int(prove(proof_args))
+        rows.append(("proofs", "PASS" if proof_code == 0 else "FAIL", f"exit {proof_code}"))
+    report["proofs"] = rows[-1][1]
+
+    print("== fuzz", flush=True)
+    _quiet_vllm()
+    from .live import installed_vllm_version
+
+    version = installed_vllm_version()
+    if version is None:
+        rows.append(("fuzz", "FAIL", f"vLLM is not installed in {sys.executable}"))
+    else:
+        fuzz_args = argparse.Namespace(
+            examples=100000, seed=args.seed, profile=None, max_seconds=args.fuzz_seconds,
+            json=None, out_dir=getattr(args, "out_dir", None), replay=None, layout=None,
+            no_coverage_gate=True,
+        )  # fmt: skip
+        json_path = Path(fuzz_args.out_dir or "fuzz-divergences") / "check-fuzz.json"
+        fuzz_args.json = None
+        code = fuzz(fuzz_args)
+        rows.append(("fuzz", "PASS" if code == 0 else "FAIL", f"vLLM {version}, exit {code}"))
+        del json_path
+    report["fuzz"] = rows[-1][1]
+    width = max(len(r[0]) for r in rows)
+    print("\n== verdict")
+    for name, verdict, detail in rows:
+        print(f"{name:<{width}}  {verdict:<4}  {detail}")
+    ok = all(r[1] == "PASS" for r in rows)
+    print(f"overall: {'PASS' if ok else 'FAIL'}")
+    _write_json(args.json, {"rows": [list(r) for r in rows], "pass": ok, **report})
+    return 0 if ok else 1

@@ -1,0 +1,449 @@
+"""The live adapter: a real ``vllm.v1.core.sched.scheduler.Scheduler`` fed our events.
+
+From an ``EngineConfig`` this builds vLLM's own config objects (``ModelConfig`` over a
+folder holding only a small ``config.json``, ``SchedulerConfig``, ``CacheConfig`` with
+prefix caching off, a real ``SpeculativeConfig``, ``VllmConfig``) and a ``KVCacheConfig``
+of ``num_gpu_blocks`` blocks in one full-attention group, then vLLM's ``Scheduler``. It
+answers the same events as the reference (``reference.events``) with the same
+``StepRecord``s, by calling only vLLM's public scheduler API:
+
+- ``AddRequest``     -> ``Scheduler.add_request(Request(...))`` with ``prompt_len`` dummy
+                        prompt tokens and ``SamplingParams(max_tokens, ignore_eos=True)``;
+- ``ScheduleStep``   -> ``Scheduler.schedule()``, read back into a ``StepRecord``;
+- ``ModelOutput``    -> ``Scheduler.update_from_output`` with a ``ModelRunnerOutput`` of
+                        ``num_sampled`` dummy tokens per scheduled request;
+- ``DraftProposals`` -> ``Scheduler.update_draft_token_ids(DraftTokenIds(...))``;
+- ``Abort``          -> ``Scheduler.finish_requests(id, FINISHED_ABORTED)``.
+
+Every vLLM import is inside a function, so that importing this module costs nothing and
+works without vLLM installed. vLLM code is called, never copied.
+
+How each method is built is part of the result (``LiveScheduler.construction``): vLLM's
+model runner V1 refuses ``dspark``, so DSpark is built under model runner V2
+(``VLLM_USE_V2_MODEL_RUNNER=1`` while the config and the scheduler are made); vLLM 0.32
+additionally refuses V2 without Triton, and there the check is forced off for that one
+construction. Both are named in the coverage output. A method vLLM refuses outright
+raises ``Unsupported`` with vLLM's reason, and is reported as such, never faked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dualbudget.reference.events import (
+    Abort,
+    AddRequest,
+    DraftProposals,
+    Event,
+    ModelOutput,
+    ScheduleStep,
+    StepRecord,
+)
+from dualbudget.spec.config import EngineConfig
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.methods import NO_SPECULATION
+
+# vLLM needs these before its first import (docs/vllm-environments.md).
+ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+# Token ids fed to vLLM: none is special (eos is 2 in the config below, and ignore_eos is
+# set anyway); their values never matter to the budgets.
+PROMPT_TOKEN = 11
+SAMPLED_TOKEN = 12
+DRAFT_TOKEN = 13
+
+# A tiny Llama: vLLM only reads the config, never weights. Head size 32 is one the CPU
+# attention backend accepts.
+_TARGET_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 1 << 17,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# DFlash/DSpark drafts: a Qwen3 config with the DFlash draft architecture vLLM registers.
+_DFLASH_DRAFT_CONFIG: dict[str, Any] = {
+    **_TARGET_CONFIG,
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "head_dim": 32,
+}
+_MODEL_DIRS: dict[str, dict[str, Any]] = {
+    "target": _TARGET_CONFIG,
+    "draft": _TARGET_CONFIG,
+    "dflash": _DFLASH_DRAFT_CONFIG,
+    # vLLM reads DSpark's layout from the draft's ``sample_from_anchor`` (default true).
+    "dspark-fill-in": {**_DFLASH_DRAFT_CONFIG, "sample_from_anchor": False},
+}
+
+
+class VllmMissing(RuntimeError):
+    """vLLM is not importable in this environment."""
+
+
+class Unsupported(Exception):
+    """vLLM refuses to build this configuration (on this machine): ``reason`` is vLLM's."""
+
+    def __init__(self, config: EngineConfig, reason: str) -> None:
+        layout = config.layout or NO_SPECULATION
+        super().__init__(f"vLLM refuses {layout.name}: {reason}")
+        self.layout = layout.name
+        self.reason = reason
+
+
+class LiveEventError(BadInput):
+    """An event the live adapter cannot pass on (e.g. a step whose output never came)."""
+
+
+def set_environment() -> None:
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's ``__version__``, or None when vLLM is not importable."""
+    set_environment()
+    try:
+        import vllm
+    except ImportError:
+        return None
+    return str(vllm.__version__)
+
+
+def require_vllm() -> str:
+    version = installed_vllm_version()
+    if version is None:
+        raise VllmMissing(
+            "vLLM is not installed in this Python environment"
+            " (build one with scripts/install-vllm.sh, see docs/vllm-environments.md)"
+        )
+    return version
+
+
+_model_root: Path | None = None
+
+
+def model_dir(kind: str) -> str:
+    """A folder holding only ``config.json`` for ``kind`` (made once per process)."""
+    global _model_root
+    if _model_root is None:
+        _model_root = Path(tempfile.mkdtemp(prefix="dualbudget-models-"))
+    folder = _model_root / kind
+    if not folder.exists():
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(_MODEL_DIRS[kind], indent=1))
+    return str(folder)
+
+
+@dataclass(frozen=True)
+class Construction:
+    """How a config was built in vLLM: ``native`` or a named workaround."""
+
+    layout: str
+    how: str
+
+    @property
+    def native(self) -> bool:
+        return self.how == "native"
+
+
+def _speculative_kwargs(config: EngineConfig) -> dict[str, Any] | None:
+    spec = config.speculative_config
+    if spec is None:
+        return None
+    kwargs: dict[str, Any] = {
+        "method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+    }
+    if spec.method in ("eagle", "eagle3", "draft_model"):
+        kwargs["model"] = model_dir("draft")
+        kwargs["parallel_drafting"] = spec.parallel_drafting
+    elif spec.method == "dflash":
+        kwargs["model"] = model_dir("dflash")
+    elif spec.method == "dspark":
+        layout = spec.dspark_layout or "anchor"
+        kwargs["model"] = model_dir("dspark-fill-in" if layout == "fill-in" else "dflash")
+    elif spec.method == "ngram":
+        kwargs["parallel_drafting"] = spec.parallel_drafting
+    return kwargs
+
+
+@contextlib.contextmanager
+def _model_runner_v2(force_triton: bool) -> Iterator[None]:
+    """Build under model runner V2; with ``force_triton``, vLLM's Triton check passes."""
+    import vllm.config.vllm as vllm_config_module
+
+    saved_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    saved_flag = getattr(vllm_config_module, "HAS_TRITON", None)
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    if force_triton:
+        vllm_config_module.HAS_TRITON = True  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved_env
+        if force_triton:
+            vllm_config_module.HAS_TRITON = saved_flag  # type: ignore[attr-defined]
+
+
+def build_vllm_config(config: EngineConfig) -> tuple[Any, Construction]:
+    """vLLM's ``VllmConfig`` for ``config``; raises ``Unsupported`` with vLLM's reason."""
+    require_vllm()
+    layout = (config.layout or NO_SPECULATION).name
+    spec = config.speculative_config
+    if spec is None or spec.method != "dspark":
+        return _build_vllm_config(config, None), Construction(layout, "native")
+    # Model runner V1 refuses dspark ("does not support: dspark speculative decoding").
+    try:
+        return _build_vllm_config(config, False), Construction(layout, RUNNER_V2)
+    except Unsupported as err:
+        if "requires Triton" not in err.reason:
+            raise
+    return _build_vllm_config(config, True), Construction(layout, RUNNER_V2_FORCED)
+
+
+RUNNER_V2 = "model runner V2"
+RUNNER_V2_FORCED = "model runner V2, vLLM's Triton check forced off"
+
+
+def _build_vllm_config(config: EngineConfig, runner_v2: bool | None) -> Any:
+    """``runner_v2``: None builds as vLLM chooses; True/False: under model runner V2,
+    with or without vLLM's Triton check forced off."""
+    import pydantic
+    from vllm.config import (
+        CacheConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+
+    spec_kwargs = _speculative_kwargs(config)
+    context: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if runner_v2 is not None:
+        context = _model_runner_v2(force_triton=runner_v2)
+    try:
+        with context:
+            model_config = ModelConfig(
+                model=model_dir("target"),
+                skip_tokenizer_init=True,
+                max_model_len=config.max_model_len,
+                dtype="bfloat16",
+            )
+            scheduler_config = SchedulerConfig(
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
+                max_num_scheduled_tokens=config.max_num_scheduled_tokens,
+                enable_chunked_prefill=config.enable_chunked_prefill,
+                long_prefill_token_threshold=config.long_prefill_token_threshold,
+                policy=config.scheduling_policy,
+                async_scheduling=False,
+                is_encoder_decoder=False,
+            )
+            cache_config = CacheConfig(
+                block_size=config.block_size, cache_dtype="auto", enable_prefix_caching=False
+            )
+            cache_config.num_gpu_blocks = config.num_gpu_blocks
+            speculative_config = None
+            if spec_kwargs is not None:
+                speculative_config = SpeculativeConfig(
+                    target_model_config=model_config,
+                    target_parallel_config=ParallelConfig(),
+                    **spec_kwargs,
+                )
+            return VllmConfig(
+                model_config=model_config,
+                scheduler_config=scheduler_config,
+                cache_config=cache_config,
+                speculative_config=speculative_config,
+            )
+    except (ValueError, NotImplementedError, ImportError, pydantic.ValidationError) as err:
+        raise Unsupported(config, _one_line(err)) from None
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    lines = [line.strip() for line in text if line.strip()]
+    # pydantic prefixes "1 validation error for X"; the reason is the next line.
+    if len(lines) > 1 and "validation error" in lines[0]:
+        return lines[1].split(" [type=")[0].removeprefix("Value error, ")
+    return lines[0] if lines else type(err).__name__
+
+
+class LiveScheduler:
+    """vLLM's ``Scheduler`` behind the reference's event interface."""
+
+    def __init__(self, config: EngineConfig, scheduler_cls: type | None = None) -> None:
+        """``scheduler_cls`` replaces vLLM's ``Scheduler`` (e.g. the trace recorder)."""
+        self.config = config
+        self.vllm_config, self.construction = build_vllm_config(config)
+        self.version = require_vllm()
+        import torch
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+        )
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        kv_cache_config = KVCacheConfig(
+            num_blocks=config.num_gpu_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec(
+                    ["layers.0"],
+                    FullAttentionSpec(
+                        block_size=config.block_size,
+                        num_kv_heads=1,
+                        head_size=32,
+                        dtype=torch.bfloat16,
+                    ),
+                )
+            ],
+        )
+        context: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if not self.construction.native:
+            context = _model_runner_v2(self.construction.how == RUNNER_V2_FORCED)
+        with context:
+            self.scheduler = (scheduler_cls or Scheduler)(
+                vllm_config=self.vllm_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=StructuredOutputManager(self.vllm_config),
+                block_size=config.block_size,
+                log_stats=False,
+            )
+        self.layout = config.layout or NO_SPECULATION
+        self.k = config.num_speculative_tokens
+        self.num_steps = 0
+        self._pending: Any = None
+        """The SchedulerOutput whose ModelOutput has not come yet."""
+
+    # -- what vLLM derived from the config --------------------------------------------
+    @property
+    def max_num_new_slots_for_drafting(self) -> int:
+        spec = self.vllm_config.speculative_config
+        return int(spec.max_num_new_slots_for_drafting) if spec is not None else 0
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        return int(self.vllm_config.num_lookahead_tokens)
+
+    @property
+    def max_num_active_seqs(self) -> int:
+        return int(self.scheduler.max_num_active_reqs)
+
+    @property
+    def max_num_scheduled_tokens(self) -> int:
+        return int(self.scheduler.max_num_scheduled_tokens)
+
+    # -- events --------------------------------------------------------------------------
+    def handle(self, event: Event) -> StepRecord | None:
+        if isinstance(event, ScheduleStep):
+            return self._schedule()
+        if isinstance(event, AddRequest):
+            self._add_request(event)
+        elif isinstance(event, ModelOutput):
+            self._model_output(event)
+        elif isinstance(event, DraftProposals):
+            self._drafts(event)
+        elif isinstance(event, Abort):
+            self._abort(event)
+        else:
+            raise LiveEventError(f"unknown event {event!r}")
+        return None
+
+    def _add_request(self, event: AddRequest) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        request = Request(
+            request_id=event.request_id,
+            prompt_token_ids=[PROMPT_TOKEN] * event.prompt_len,
+            sampling_params=SamplingParams(max_tokens=event.max_tokens, ignore_eos=True),
+            pooling_params=None,
+            arrival_time=event.arrival_time,
+            priority=event.priority,
+        )
+        self.scheduler.add_request(request)
+
+    def _schedule(self) -> StepRecord:
+        if self._pending is not None:
+            raise LiveEventError(
+                f"step {self.num_steps}: ScheduleStep before the last step's ModelOutput"
+            )
+        scheduler = self.scheduler
+        before = {r.request_id: r.num_preemptions for r in scheduler.running}
+        output = scheduler.schedule()
+        preempted = [
+            rid for rid, count in before.items() if scheduler.requests[rid].num_preemptions > count
+        ]
+        scheduled = {rid: int(n) for rid, n in output.num_scheduled_tokens.items()}
+        spec = {rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens.items()}
+        record = StepRecord(
+            step=self.num_steps,
+            num_scheduled_tokens=scheduled,
+            scheduled_spec_tokens=spec,
+            preempted=preempted,
+            finished=sorted(output.finished_req_ids),
+            target_tokens=sum(scheduled.values()),
+            # The true draft input rows of this step, by the spec's method table (vLLM
+            # does not report them); the decision comparison never reads this field.
+            draft_rows=sum(int(self.layout.draft_rows(q, self.k)) for q in scheduled.values()),
+        )
+        self.num_steps += 1
+        self._pending = output
+        return record
+
+    def _model_output(self, event: ModelOutput) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        output, self._pending = self._pending, None
+        if output is None:
+            raise LiveEventError("ModelOutput without a scheduled step")
+        unknown = set(event.num_sampled) - set(output.num_scheduled_tokens)
+        if unknown:
+            raise LiveEventError(f"model output for {sorted(unknown)}, not scheduled")
+        req_ids = list(output.num_scheduled_tokens)
+        runner_output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=[[SAMPLED_TOKEN] * event.num_sampled.get(rid, 0) for rid in req_ids],
+        )
+        self.scheduler.update_from_output(output, runner_output)
+
+    def _drafts(self, event: DraftProposals) -> None:
+        from vllm.v1.outputs import DraftTokenIds
+
+        req_ids = list(event.num_drafts)
+        self.scheduler.update_draft_token_ids(
+            DraftTokenIds(
+                req_ids=req_ids,
+                draft_token_ids=[[DRAFT_TOKEN] * event.num_drafts[rid] for rid in req_ids],
+            )
+        )
+
+    def _abort(self, event: Abort) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.scheduler.finish_requests(event.request_id, RequestStatus.FINISHED_ABORTED)

@@ -1,0 +1,24 @@
+"""Test support for the live checks: vLLM missing is a failure under CI, a skip elsewhere."""
+
+from __future__ import annotations
+
+import os
+
+
+def require_live_vllm() -> str:
+    """The installed vLLM's version; without vLLM, ``pytest.fail`` when ``CI=true`` (the
+    live suite must never be skipped in CI) and ``pytest.skip`` otherwise."""
+    import pytest
+
+    from .live import installed_vllm_version
+
+    version = installed_vllm_version()
+    if version is not None:
+        return version
+    reason = (
+        "vLLM is not installed in this environment; build one with"
+        " scripts/install-vllm.sh (docs/vllm-environments.md)"
+    )
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true: {reason}", pytrace=False)
+    pytest.skip(reason)

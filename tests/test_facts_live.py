@@ -1,0 +1,123 @@
+"""Facts read from the installed vLLM: spec/'s method table and policies must give what
+vLLM derives for every speculative config it lets us construct.
+
+For each method row, K and budget: ``max_num_new_slots_for_drafting``,
+``num_lookahead_tokens``, the resulting token budget (``max_num_scheduled_tokens``), the
+admission cap (``max_num_active_seqs``) and accept/reject of the config. A mismatch names
+the table row and the vLLM release it claims to mirror.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dualbudget.integration.detect import detect
+from dualbudget.integration.fuzz import FUZZ_LAYOUTS
+from dualbudget.integration.live import Unsupported, build_vllm_config
+from dualbudget.integration.testing import require_live_vllm
+from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig
+from dualbudget.spec.methods import layout_named
+from dualbudget.spec.policies import StepParams
+from dualbudget.spec.profiles import profile_named
+
+pytestmark = pytest.mark.live
+
+KS = (1, 2, 4, 7)
+
+
+@pytest.fixture(scope="module")
+def profile():  # type: ignore[no-untyped-def]
+    require_live_vllm()
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    return profile_named(detect().profile)
+
+
+def _config(layout: str, k: int, budget: int, seqs: int = 1) -> EngineConfig:
+    method, parallel, dspark_layout = FUZZ_LAYOUTS[layout]
+    return EngineConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
+        max_model_len=256,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig(method, k, parallel, dspark_layout),
+    )
+
+
+@pytest.mark.parametrize("layout", list(FUZZ_LAYOUTS))
+@pytest.mark.parametrize("k", KS)
+def test_slots_lookahead_and_budgets_match_the_table(profile, layout: str, k: int) -> None:  # type: ignore[no-untyped-def]
+    version = profile.policy.tables
+    row = layout_named(layout)
+    config = _config(layout, k, budget=64, seqs=16)
+    vllm_config, construction = build_vllm_config(config)
+    where = f"method table row {layout!r} ({version}, K={k}, built {construction.how})"
+    spec = vllm_config.speculative_config
+    assert spec.max_num_new_slots_for_drafting == row.draft_slots(version, k), (
+        f"{where}: max_num_new_slots_for_drafting: vLLM"
+        f" {spec.max_num_new_slots_for_drafting}, table {row.draft_slots(version, k)}"
+    )
+    assert vllm_config.num_lookahead_tokens == row.num_lookahead_tokens(version, k), (
+        f"{where}: num_lookahead_tokens: vLLM {vllm_config.num_lookahead_tokens},"
+        f" table {row.num_lookahead_tokens(version, k)}"
+    )
+    p = StepParams.of(config)
+    opened = profile.policy.open(p)
+    sched = vllm_config.scheduler_config
+    assert sched.max_num_scheduled_tokens == opened.token_budget, (
+        f"{where}: token budget (max_num_scheduled_tokens): vLLM"
+        f" {sched.max_num_scheduled_tokens}, {profile.name} {opened.token_budget}"
+    )
+    active = sched.max_num_active_seqs or sched.max_num_seqs
+    assert active == profile.policy.max_active_requests(p), (
+        f"{where}: admission cap (max_num_active_seqs): vLLM {active},"
+        f" {profile.name} {profile.policy.max_active_requests(p)}"
+    )
+
+
+@pytest.mark.parametrize("layout", list(FUZZ_LAYOUTS))
+@pytest.mark.parametrize("k", (1, 4))
+def test_accept_and_reject_match_the_policy(profile, layout: str, k: int) -> None:  # type: ignore[no-untyped-def]
+    version = profile.policy.tables
+    row = layout_named(layout)
+    edges = {row.draft_slots(version, k), row.num_lookahead_tokens(version, k)}
+    budgets = sorted({b + d for b in edges for d in (-1, 0, 1) if b + d >= 1})
+    for budget in budgets:
+        config = _config(layout, k, budget)
+        try:
+            profile.policy.validate(config)
+            expected = "accepts"
+        except ConfigError as err:
+            expected = f"refuses ({err})"
+        try:
+            build_vllm_config(config)
+            observed = "accepts"
+        except Unsupported as err:
+            observed = f"refuses ({err.reason})"
+        assert expected.split()[0] == observed.split()[0], (
+            f"method table row {layout!r} ({version}, K={k}), max_num_batched_tokens={budget}:"
+            f" vLLM {observed}, {profile.name} {expected}"
+        )
+
+
+def test_the_measured_first_step_of_p_eagle(profile) -> None:  # type: ignore[no-untyped-def]
+    """VLLM_ON_CPU.md: B=20, max_num_seqs=16, P-EAGLE K=4, two 10-token prompts."""
+    from dualbudget.integration.live import LiveScheduler
+    from dualbudget.reference.events import AddRequest, ScheduleStep
+
+    config = EngineConfig(
+        max_num_batched_tokens=20,
+        max_num_seqs=16,
+        max_model_len=256,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig("eagle3", 4, True),
+    )
+    live = LiveScheduler(config)
+    live.handle(AddRequest("0", 10, 4, arrival_time=0.0))
+    live.handle(AddRequest("1", 10, 4, arrival_time=1.0))
+    record = live.handle(ScheduleStep())
+    assert record is not None
+    assert record.num_scheduled_tokens == {"0": 10, "1": 4}
