@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 from typing import Any
 
@@ -40,6 +41,7 @@ from dualbudget.spec.policies import StepParams
 
 TRACE_ENV = "DUALBUDGET_TRACE"
 SOURCE_ENV = "DUALBUDGET_TRACE_SOURCE"
+NOTES_ENV = "DUALBUDGET_TRACE_NOTES"
 
 
 def engine_config_of(vllm_config: Any, num_gpu_blocks: int) -> EngineConfig:
@@ -88,6 +90,17 @@ def step_record_of(step: int, output: Any, params: StepParams) -> StepRecord:
     )
 
 
+def _notes() -> dict[str, Any]:
+    """Facts the caller wants in the header (``DUALBUDGET_TRACE_NOTES``, a JSON object)."""
+    text = os.environ.get(NOTES_ENV)
+    if not text:
+        return {}
+    notes = json.loads(text)
+    if not isinstance(notes, dict):
+        raise RuntimeError(f"{NOTES_ENV} must hold a JSON object, got {text!r}")
+    return notes
+
+
 class _Recording:
     """The recording half of the scheduler classes built below (a mixin)."""
 
@@ -110,6 +123,7 @@ class _Recording:
             scheduler_class=f"{base.__module__}.{base.__qualname__}",
             async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
             enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
+            notes=_notes(),
         )
         self._params = StepParams.of(config)
         self._steps = 0

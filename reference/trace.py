@@ -18,11 +18,13 @@ decisions it made::
     {"event": "draft_proposals", "num_drafts": {id: n}}
 
 and last ``{"event": "end", "steps": N}``: a trace without it was cut short. Only
-budget-relevant fields are kept: no token ids, no prompts.
+budget-relevant fields are kept: no token ids, no prompts. A file named ``*.gz`` is read
+through gzip (a burst of thousands of arrivals compresses well).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -132,9 +134,14 @@ class TraceWriter:
 def read_trace(path: str | Path) -> Trace:
     name = str(path)
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise TraceError(f"trace {name!r}: cannot read: {err.strerror}") from None
+        if name.endswith(".gz"):
+            with gzip.open(path, "rt") as stream:
+                lines = stream.read().splitlines()
+        else:
+            lines = Path(path).read_text().splitlines()
+    except (OSError, EOFError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise TraceError(f"trace {name!r}: cannot read: {reason}") from None
     except UnicodeDecodeError:
         raise TraceError(f"trace {name!r}: not a text file") from None
     objects = _json_lines(name, lines)

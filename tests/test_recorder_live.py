@@ -10,11 +10,11 @@ import pytest
 
 from dualbudget.integration.detect import detect
 from dualbudget.integration.live import LiveScheduler
+from dualbudget.integration.record_live import drive
 from dualbudget.integration.testing import require_live_vllm
-from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import StepRecord
 from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.scenario import Scenario, load_scenario
+from dualbudget.reference.scenario import load_scenario
 from dualbudget.reference.trace import read_trace
 
 pytestmark = pytest.mark.live
@@ -27,24 +27,6 @@ def profile() -> str:
     require_live_vllm()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     return detect().profile
-
-
-def drive(scenario: Scenario, live: LiveScheduler) -> list[StepRecord]:
-    """The scenario's event stream fed to the live scheduler; the reference only makes the
-    events (acceptance and drafts depend on its state, which lockstep keeps equal)."""
-    run = ScenarioRun(scenario, check="record")
-    reference, driver = run.scheduler, run.driver
-    records = []
-    while not driver.done(reference.state):
-        for event in driver.before_step():
-            mine = reference.handle(event)
-            theirs = live.handle(event)
-        assert mine is not None and theirs is not None
-        records.append(theirs)
-        for event in driver.after_step(mine, reference.state):
-            reference.handle(event)
-            live.handle(event)
-    return records
 
 
 @pytest.mark.parametrize("example", ["kv-pressure.json", "priority.json", "dflash.json"])

@@ -135,11 +135,15 @@ def test_read_trace_counts_steps(tmp_path: Path, trace_lines: list[str]) -> None
         read_trace(write(tmp_path, lines))
 
 
-SHIPPED_TRACES = sorted(SHIPPED.glob("*.ndjson"))
+SHIPPED_TRACES = sorted(SHIPPED.glob("*.ndjson")) + sorted(SHIPPED.glob("*.ndjson.gz"))
 
 
-def test_traces_are_shipped() -> None:
+def test_traces_are_shipped_and_every_file_is_replayed() -> None:
     assert SHIPPED_TRACES, f"no trace under {SHIPPED}"
+    # A file the glob above misses would ship unreplayed.
+    assert sorted(SHIPPED.iterdir()) == sorted(SHIPPED_TRACES)
+    sources = {read_trace(path).header.source for path in SHIPPED_TRACES}
+    assert {"engine", "scheduler"} <= sources
 
 
 @pytest.mark.parametrize("path", SHIPPED_TRACES, ids=lambda p: p.name)
