@@ -3,6 +3,7 @@ fails naming the step when one differs, and refuses unreadable traces with exit 
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -152,3 +153,30 @@ def test_every_shipped_trace_replays(path: Path) -> None:
     assert result.divergence is None, result.divergence
     assert not result.violations, result.violations
     assert result.steps_checked == read_trace(path).steps > 0
+
+
+def _lines(path: Path) -> list[str]:
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rt") as stream:
+            return stream.read().splitlines()
+    return path.read_text().splitlines()
+
+
+@pytest.mark.parametrize("path", SHIPPED_TRACES, ids=lambda p: p.name)
+def test_changing_one_decision_of_a_shipped_trace_names_its_step(
+    path: Path, tmp_path: Path
+) -> None:
+    lines = _lines(path)
+    steps = [i for i, line in enumerate(lines) if '"event":"step"' in line]
+    for i in steps[len(steps) // 2 :]:
+        obj = json.loads(lines[i])
+        if obj["num_scheduled_tokens"]:
+            rid = sorted(obj["num_scheduled_tokens"])[0]
+            obj["num_scheduled_tokens"][rid] -= 1
+            if obj["num_scheduled_tokens"][rid] == 0:
+                del obj["num_scheduled_tokens"][rid]
+            lines[i] = json.dumps(obj)
+            break
+    run = dualbudget("replay", write(tmp_path, lines))
+    assert run.returncode == 1
+    assert f"DIVERGES at step {obj['step']}" in run.stdout
