@@ -25,7 +25,7 @@ from dualbudget.spec.profiles import profile_named
 
 from .contract import CheckMode
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, ScheduleStep, StepRecord
-from .scenario import Scenario
+from .scenario import RequestSpec, Scenario
 from .scheduler import Scheduler
 from .state import SchedulerState
 
@@ -53,10 +53,18 @@ class ScenarioDriver:
         self.step = 0
         """The index of the next ScheduleStep."""
         self.stall: Stall | None = None
-        self._order = sorted(
-            range(len(scenario.requests)), key=lambda i: (scenario.requests[i].arrival_step, i)
-        )
+        # Arrivals and aborts by step, so that a step looks up its own instead of scanning
+        # every request: arrivals in (arrival_step, scenario order), aborts in scenario order.
+        self._arrivals: dict[int, list[RequestSpec]] = {}
+        for request in sorted(scenario.requests, key=lambda r: r.arrival_step):
+            self._arrivals.setdefault(request.arrival_step, []).append(request)
+        self._aborts: dict[int, list[str]] = {}
+        for request in scenario.requests:
+            if request.abort_step is not None:
+                self._aborts.setdefault(request.abort_step, []).append(request.id)
         self._added = 0
+        # One generator, reseeded per (step, request): the same draws as a fresh one.
+        self._rng = random.Random()
         self._last_event_step = max(
             max(r.arrival_step, r.abort_step if r.abort_step is not None else 0)
             for r in scenario.requests
@@ -70,26 +78,32 @@ class ScenarioDriver:
         if self.step <= self._last_event_step:
             return False
         # vLLM keeps stepping while finished ids are still to be reported (has_requests).
-        return not state.finished_since_step and all(r.finished for r in state.requests.values())
+        if state.finished_since_step:
+            return False
+        requests = state.requests
+        # Unfinished requests are queued: look there first, then make sure of all of them.
+        for queue in (state.running, state.waiting):
+            for rid in queue:
+                if not requests[rid].finished:
+                    return False
+        return all(r.finished for r in requests.values())
 
     def before_step(self) -> list[Event]:
         """The arrivals and aborts due before step ``self.step``, then its ScheduleStep."""
         events: list[Event] = []
-        for i in self._order:
-            request = self.scenario.requests[i]
-            if request.arrival_step == self.step:
-                events.append(
-                    AddRequest(
-                        request.id,
-                        request.prompt_len,
-                        request.max_tokens,
-                        request.priority,
-                        # Arrival order as vLLM's arrival_time: priority ties break on it.
-                        float(self._added),
-                    )
+        for request in self._arrivals.get(self.step, ()):
+            events.append(
+                AddRequest(
+                    request.id,
+                    request.prompt_len,
+                    request.max_tokens,
+                    request.priority,
+                    # Arrival order as vLLM's arrival_time: priority ties break on it.
+                    float(self._added),
                 )
-                self._added += 1
-        events += [Abort(r.id) for r in self.scenario.requests if r.abort_step == self.step]
+            )
+            self._added += 1
+        events += [Abort(rid) for rid in self._aborts.get(self.step, ())]
         events.append(ScheduleStep())
         return events
 
@@ -97,21 +111,26 @@ class ScenarioDriver:
         """The step's ModelOutput and the DraftProposals that follow it."""
         num_sampled: dict[str, int] = {}
         decoding: list[str] = []
+        requests, step = state.requests, record.step
+        spec_tokens = record.scheduled_spec_tokens
+        padded = set(state.last_padded)
         for rid in record.num_scheduled_tokens:
-            request = state.requests[rid]
-            if request.num_computed_tokens < request.num_tokens:
+            request = requests[rid]
+            # request.num_tokens, inlined
+            if request.num_computed_tokens < request.prompt_len + request.num_output_tokens:
                 num_sampled[rid] = 0  # a prefill chunk short of the prompt's end
                 continue
-            real_drafts = (
-                0 if rid in state.last_padded else record.scheduled_spec_tokens.get(rid, 0)
-            )
-            num_sampled[rid] = 1 + self._accepted(record.step, rid, real_drafts)
+            real_drafts = 0 if rid in padded else spec_tokens.get(rid, 0)
+            num_sampled[rid] = 1 + (self._accepted(step, rid, real_drafts) if real_drafts else 0)
             decoding.append(rid)
         events: list[Event] = [ModelOutput(num_sampled)]
         if self.k > 0:
-            events.append(
-                DraftProposals({rid: self._proposed(record.step, rid) for rid in decoding})
-            )
+            drafts = self.scenario.drafts
+            if drafts is None:
+                proposals = dict.fromkeys(decoding, self.k)
+            else:
+                proposals = {rid: self._proposed(step, rid) for rid in decoding}
+            events.append(DraftProposals(proposals))
         self._note_stall(record, state)
         self.step = record.step + 1
         return events
@@ -122,12 +141,15 @@ class ScenarioDriver:
             return 0
         if acceptance.per_position is not None:
             # Seeded per (step, request): the draw does not depend on iteration order.
-            rng = random.Random(f"{acceptance.seed}:{step}:{rid}")
+            # (Reseeding one generator draws what ``random.Random(seed)`` would.)
+            rng = self._rng
+            rng.seed(f"{acceptance.seed}:{step}:{rid}")
+            draw = rng.random
+            probs = acceptance.per_position
             accepted = 0
             for position in range(drafts):
-                probs = acceptance.per_position
                 prob = probs[position] if position < len(probs) else 0.0
-                if rng.random() >= prob:
+                if draw() >= prob:
                     break
                 accepted += 1
             return accepted

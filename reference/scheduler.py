@@ -37,6 +37,7 @@ from .events import (
     StepRecord,
 )
 from .state import (
+    FINISHED,
     FINISHED_ABORTED,
     FINISHED_LENGTH,
     PREEMPTED,
@@ -98,6 +99,9 @@ class Scheduler:
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
+        # Config numbers read on every request of every step, kept as plain attributes.
+        self.max_model_len = config.max_model_len
+        self.block_size = config.block_size
         self.violations: list[RecordedViolation] = []
         self.state = state.copy() if state is not None else self.initial_state(config)
 
@@ -117,12 +121,12 @@ class Scheduler:
     def handle(self, event: Event) -> StepRecord | None:
         if isinstance(event, ScheduleStep):
             return self._schedule()
-        if isinstance(event, AddRequest):
-            self._add_request(event)
-        elif isinstance(event, ModelOutput):
+        if isinstance(event, ModelOutput):
             self._update_from_output(event)
         elif isinstance(event, DraftProposals):
             self._update_draft_token_ids(event)
+        elif isinstance(event, AddRequest):
+            self._add_request(event)
         elif isinstance(event, Abort):
             self._finish(event.request_id, FINISHED_ABORTED)
         else:
@@ -169,24 +173,37 @@ class Scheduler:
             self._schedule_waiting(step, threshold)
 
         # Scheduler._update_after_schedule
-        for rid, q in step.scheduled.items():
-            request = state.requests[rid]
-            request.num_computed_tokens += q
-            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+        requests = state.requests
+        scheduled = step.scheduled
+        # C(q) depends on q alone: evaluate it once per distinct q of the step.
+        rows_of: dict[int, int] = {}
+        draft_rows = 0
+        for rid, q in scheduled.items():
+            request = requests[rid]
+            computed = request.num_computed_tokens + q
+            request.num_computed_tokens = computed
+            # request.num_tokens, inlined
+            request.is_prefill_chunk = computed < request.prompt_len + request.num_output_tokens
+            rows = rows_of.get(q)
+            if rows is None:
+                rows = rows_of[q] = int(p.draft_rows(q))
+            draft_rows += rows
 
         finished = state.finished_since_step
         state.finished_since_step = []
-        state.last_scheduled = dict(step.scheduled)
-        state.last_spec = dict(step.spec)
-        state.last_padded = list(step.padded)
+        # The step's own dicts and lists die with the call: the state keeps them, the
+        # record gets copies (so that no consumer of the record can reach the state).
+        state.last_scheduled = scheduled
+        state.last_spec = step.spec
+        state.last_padded = step.padded
         record = StepRecord(
             step=step_index,
-            num_scheduled_tokens=dict(step.scheduled),
+            num_scheduled_tokens=dict(scheduled),
             scheduled_spec_tokens=dict(step.spec),
             preempted=list(step.preempted),
             finished=finished,
-            target_tokens=sum(step.scheduled.values()),
-            draft_rows=sum(int(p.draft_rows(q)) for q in step.scheduled.values()),
+            target_tokens=sum(scheduled.values()),
+            draft_rows=draft_rows,
             budgets_left={
                 "token_budget": int(step.book.ledger.token_budget),
                 "input_budget": int(step.book.ledger.input_budget),
@@ -198,42 +215,63 @@ class Scheduler:
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """The RUNNING loop of ``Scheduler.schedule``."""
         state = self.state
+        running, requests, book = state.running, state.requests, step.book
+        scheduled, scheduled_running = step.scheduled, step.scheduled_running
+        max_model_len, block_size = self.max_model_len, self.block_size
+        lookahead = self.num_lookahead_tokens
         index = 0
-        while index < len(state.running) and not step.book.exhausted():
-            request = state.requests[state.running[index]]
-            need = request.num_tokens_with_spec - request.num_computed_tokens
+        while index < len(running) and not book.exhausted():
+            request = requests[running[index]]
+            computed = request.num_computed_tokens
+            # request.num_tokens_with_spec, inlined
+            need = request.prompt_len + request.num_output_tokens + request.num_drafts - computed
             if 0 < threshold < need:
                 need = threshold
-            q = int(step.book.grant(need))
+            q = int(book.grant(need))
             # The position cap vLLM applies for spec decoding: keep one slot for the
             # sampled token below max_model_len.
-            q = min(
-                q, self.config.max_model_len - request.num_computed_tokens - NUM_SAMPLED_PER_STEP
-            )
+            cap = max_model_len - computed - NUM_SAMPLED_PER_STEP
+            if cap < q:
+                q = cap
             if q <= 0:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
                 continue
 
-            allocated, index = self._allocate_or_preempt(step, request, q, index)
-            if not allocated:
-                if self.semantics == "0.33" and self.priority and request.status == PREEMPTED:
-                    # vLLM 0.33 Scheduler.schedule: a priority request that preempted itself
-                    # freed its blocks; the higher-priority ones after it may still fit, and
-                    # ``index`` already points at the next one. (0.32 stops here.)
-                    continue
-                break
+            # kv.blocks_to_allocate and kv.try_allocate, inlined for the common case that
+            # the pool has the blocks; otherwise the allocate/preempt loop below.
+            need_slot = min(min(computed, max_model_len) + q + lookahead, max_model_len)
+            wanted = -(-need_slot // block_size) - request.num_blocks
+            if wanted < 0:
+                wanted = 0
+            if wanted <= state.free_blocks:
+                state.free_blocks -= wanted
+                request.num_blocks += wanted
+            else:
+                allocated, index = self._allocate_or_preempt(step, request, q, index)
+                if not allocated:
+                    if self.semantics == "0.33" and self.priority and request.status == PREEMPTED:
+                        # vLLM 0.33 Scheduler.schedule: a priority request that preempted
+                        # itself freed its blocks; the higher-priority ones after it may
+                        # still fit, and ``index`` already points at the next one. (0.32
+                        # stops here.)
+                        continue
+                    break
 
-            self._take(step, request, q)
-            step.scheduled_running.append(request.request_id)
-            step.prefill_scheduled |= request.is_prefill_chunk
+            rid = request.request_id
+            # _take, inlined: the policy's charge, kept per request by the book.
+            book.schedule(rid, q)
+            scheduled[rid] = q
+            scheduled_running.append(rid)
+            if request.is_prefill_chunk:
+                step.prefill_scheduled = True
             index += 1
             if request.num_drafts:
                 # Drafts past the verified tokens are what this step verifies; the rest are
                 # dropped (vLLM clears spec_token_ids once the request is scheduled).
-                num_spec = q + request.num_computed_tokens - request.num_tokens
+                num_spec = q + computed - request.prompt_len - request.num_output_tokens
                 if num_spec > 0:
-                    step.spec[request.request_id] = min(request.num_drafts, num_spec)
+                    step.spec[rid] = min(request.num_drafts, num_spec)
                 request.num_drafts = 0
 
     def _allocate_or_preempt(
@@ -386,42 +424,51 @@ class Scheduler:
         """``Scheduler.update_from_output``: roll back rejected drafts, append the sampled
         tokens one by one, stop at max_tokens or max_model_len."""
         state = self.state
+        last_scheduled, last_spec, requests = state.last_scheduled, state.last_spec, state.requests
+        max_model_len = self.max_model_len
         for rid, num_sampled in event.num_sampled.items():
-            if rid not in state.last_scheduled:
+            if rid not in last_scheduled:
                 raise InvalidEvent(f"model output for {rid!r}, not scheduled in the last step")
-            num_spec = state.last_spec.get(rid, 0)
+            num_spec = last_spec.get(rid, 0)
             if not 0 <= num_sampled <= 1 + num_spec:
                 raise InvalidEvent(
                     f"request {rid!r} sampled {num_sampled} tokens; at most 1 + {num_spec}"
                 )
-            request = state.requests[rid]
-            if request.finished:
+            request = requests[rid]
+            if request.status in FINISHED:
                 continue
             if num_spec and num_sampled:
                 rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
                 if request.num_computed_tokens > 0:
                     request.num_computed_tokens -= rejected
-            for _ in range(num_sampled):
-                request.num_output_tokens += 1
-                # vllm.v1.core.sched.utils.check_stop (no EOS or stop strings in the subset)
-                if (
-                    request.num_tokens >= self.config.max_model_len
-                    or request.num_output_tokens >= request.max_tokens
-                ):
-                    self._finish(rid, FINISHED_LENGTH)
-                    break
+            if not num_sampled:
+                continue
+            # The tokens are appended one by one, each followed by
+            # vllm.v1.core.sched.utils.check_stop (no EOS or stop strings in the subset):
+            # stop after the first i >= 1 appended tokens with
+            # prompt_len + output + i >= max_model_len or output + i >= max_tokens.
+            output = request.num_output_tokens
+            stop_after = min(
+                max_model_len - request.prompt_len - output, request.max_tokens - output
+            )
+            if stop_after < 1:
+                stop_after = 1
+            if stop_after <= num_sampled:
+                request.num_output_tokens = output + stop_after
+                self._finish(rid, FINISHED_LENGTH)
+            else:
+                request.num_output_tokens = output + num_sampled
         # One output per step: a second one for the same step is refused above.
         state.last_scheduled, state.last_spec, state.last_padded = {}, {}, []
 
     def _update_draft_token_ids(self, event: DraftProposals) -> None:
         """``Scheduler.update_draft_token_ids``: a request mid-prefill drops its drafts."""
+        requests, k = self.state.requests, self.num_spec_tokens
         for rid, num_drafts in event.num_drafts.items():
-            if not 0 <= num_drafts <= self.num_spec_tokens:
-                raise InvalidEvent(
-                    f"request {rid!r} proposed {num_drafts} drafts; K is {self.num_spec_tokens}"
-                )
-            request = self.state.requests.get(rid)
-            if request is None or request.finished:
+            if not 0 <= num_drafts <= k:
+                raise InvalidEvent(f"request {rid!r} proposed {num_drafts} drafts; K is {k}")
+            request = requests.get(rid)
+            if request is None or request.status in FINISHED:
                 continue
             request.num_drafts = 0 if request.is_prefill_chunk else num_drafts
 
@@ -431,9 +478,11 @@ class Scheduler:
         request = state.requests.get(request_id)
         if request is None or request.finished:
             return
+        # A request sits in one queue at most: one found running is not looked for among
+        # the (possibly thousands of) waiting ones.
         if request_id in state.running:
             state.running.remove(request_id)
-        if request_id in state.waiting:
+        elif request_id in state.waiting:
             state.waiting.remove(request_id)
         kv.free(state, request)
         request.status = status

@@ -31,8 +31,18 @@ def ite(cond: Cond, then: Num, otherwise: Num) -> Num:
     return z3.If(cond, then, otherwise)
 
 
+# The concrete run calls ``imin``, ``imax`` and ``any_of`` with two plain ints (bools) for
+# every request of every step: those calls take a shortcut that computes what the fold
+# below computes (``ite(b < a, b, a)`` for ``imin``), and every other call (z3 terms, more
+# values) takes the fold itself, so a proof builds exactly the formula it always did.
+
+
 def imin(*values: Num) -> Num:
     """The least of the values (at least one)."""
+    if len(values) == 2:
+        a, b = values
+        if type(a) is int and type(b) is int:
+            return b if b < a else a
     result = values[0]
     for value in values[1:]:
         result = ite(value < result, value, result)
@@ -41,6 +51,10 @@ def imin(*values: Num) -> Num:
 
 def imax(*values: Num) -> Num:
     """The greatest of the values (at least one)."""
+    if len(values) == 2:
+        a, b = values
+        if type(a) is int and type(b) is int:
+            return b if b > a else a
     result = values[0]
     for value in values[1:]:
         result = ite(value > result, value, result)
@@ -56,7 +70,10 @@ def floordiv(numerator: Num, denominator: Num) -> Num:
 
 def all_of(*conds: Cond) -> Cond:
     """Conjunction of conditions, concrete or symbolic."""
-    if all(isinstance(c, bool) for c in conds):
+    for c in conds:
+        if not isinstance(c, bool):
+            break
+    else:
         return all(conds)
     import z3
 
@@ -65,7 +82,14 @@ def all_of(*conds: Cond) -> Cond:
 
 def any_of(*conds: Cond) -> Cond:
     """Disjunction of conditions, concrete or symbolic."""
-    if all(isinstance(c, bool) for c in conds):
+    if len(conds) == 2:
+        a, b = conds
+        if type(a) is bool and type(b) is bool:
+            return a or b
+    for c in conds:
+        if not isinstance(c, bool):
+            break
+    else:
         return any(conds)
     import z3
 
