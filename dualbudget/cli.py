@@ -98,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run="dualbudget.integration.commands:bench")
 
     check = sub.add_parser("check", help="the main job: proofs, a short fuzz, one verdict")
-    check.add_argument("--fuzz-seconds", type=_nonnegative_float, default=60.0)
+    check.add_argument(
+        "--fuzz-examples", type=_positive_int, default=200, help="examples of the fuzz"
+    )
+    check.add_argument(
+        "--fuzz-seconds", type=_nonnegative_float, default=180.0, help="time cap of the fuzz"
+    )
     check.add_argument("--seed", type=int, default=1)
     check.add_argument("--json", metavar="FILE")
     check.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")

@@ -49,6 +49,7 @@ from dualbudget.reference.events import (
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import NO_SPECULATION
+from dualbudget.spec.policies import StepParams
 
 # vLLM needs these before its first import (docs/vllm-environments.md).
 ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "0"}
@@ -290,6 +291,38 @@ def _one_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+def step_record_of(step: int, output: Any, params: StepParams) -> StepRecord:
+    """A vLLM ``SchedulerOutput`` as a step record: what the live adapter compares and
+    what the trace recorder writes (one conversion for both).
+
+    ``preempted`` is vLLM's own ``SchedulerOutput.preempted_req_ids``, the same field in
+    0.32 and 0.33: the scheduler adds a request to it in ``_preempt_request`` and starts
+    a new set at the end of every ``schedule()`` (``_update_after_schedule``), so under
+    synchronous scheduling it is exactly the requests this ``schedule()`` call preempted,
+    an already-scheduled victim included. (It would also carry a preemption made between
+    two steps, by ``reset_prefix_cache``; nothing in the subset calls that.) Counting
+    ``num_preemptions`` deltas instead, as the adapter once did, needs a snapshot taken
+    before ``schedule()``, which the recorder of an engine step does not have; and a
+    vLLM that stopped filling the field would show up as a divergence, never pass.
+
+    ``draft_rows`` is the true draft input rows of the step by the spec's method table
+    (vLLM does not report them); vLLM keeps no budgets to report. The decision comparison
+    (``StepRecord.decision``) reads neither.
+    """
+    scheduled = {str(rid): int(n) for rid, n in output.num_scheduled_tokens.items()}
+    return StepRecord(
+        step=step,
+        num_scheduled_tokens=scheduled,
+        scheduled_spec_tokens={
+            str(rid): len(ids) for rid, ids in output.scheduled_spec_decode_tokens.items()
+        },
+        preempted=sorted(str(rid) for rid in (output.preempted_req_ids or ())),
+        finished=sorted(str(rid) for rid in output.finished_req_ids),
+        target_tokens=sum(scheduled.values()),
+        draft_rows=sum(int(params.draft_rows(q)) for q in scheduled.values()),
+    )
+
+
 class LiveScheduler:
     """vLLM's ``Scheduler`` behind the reference's event interface."""
 
@@ -335,6 +368,7 @@ class LiveScheduler:
             )
         self.layout = config.layout or NO_SPECULATION
         self.k = config.num_speculative_tokens
+        self.params = StepParams.of(config)
         self.num_steps = 0
         self._pending: Any = None
         """The SchedulerOutput whose ModelOutput has not come yet."""
@@ -392,25 +426,8 @@ class LiveScheduler:
             raise LiveEventError(
                 f"step {self.num_steps}: ScheduleStep before the last step's ModelOutput"
             )
-        scheduler = self.scheduler
-        before = {r.request_id: r.num_preemptions for r in scheduler.running}
-        output = scheduler.schedule()
-        preempted = [
-            rid for rid, count in before.items() if scheduler.requests[rid].num_preemptions > count
-        ]
-        scheduled = {rid: int(n) for rid, n in output.num_scheduled_tokens.items()}
-        spec = {rid: len(ids) for rid, ids in output.scheduled_spec_decode_tokens.items()}
-        record = StepRecord(
-            step=self.num_steps,
-            num_scheduled_tokens=scheduled,
-            scheduled_spec_tokens=spec,
-            preempted=preempted,
-            finished=sorted(output.finished_req_ids),
-            target_tokens=sum(scheduled.values()),
-            # The true draft input rows of this step, by the spec's method table (vLLM
-            # does not report them); the decision comparison never reads this field.
-            draft_rows=sum(int(self.layout.draft_rows(q, self.k)) for q in scheduled.values()),
-        )
+        output = self.scheduler.schedule()
+        record = step_record_of(self.num_steps, output, self.params)
         self.num_steps += 1
         self._pending = output
         return record

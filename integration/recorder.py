@@ -33,11 +33,12 @@ from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
     ModelOutput,
-    StepRecord,
 )
 from dualbudget.reference.trace import TraceHeader, TraceWriter
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.policies import StepParams
+
+from .live import step_record_of
 
 TRACE_ENV = "DUALBUDGET_TRACE"
 SOURCE_ENV = "DUALBUDGET_TRACE_SOURCE"
@@ -71,22 +72,6 @@ def engine_config_of(vllm_config: Any, num_gpu_blocks: int) -> EngineConfig:
         scheduling_policy=str(getattr(sched.policy, "value", sched.policy)),
         max_num_scheduled_tokens=sched.max_num_scheduled_tokens,
         speculative_config=speculative,
-    )
-
-
-def step_record_of(step: int, output: Any, params: StepParams) -> StepRecord:
-    """A vLLM ``SchedulerOutput`` as a step record (vLLM keeps no budgets to report)."""
-    scheduled = {str(rid): int(n) for rid, n in output.num_scheduled_tokens.items()}
-    return StepRecord(
-        step=step,
-        num_scheduled_tokens=scheduled,
-        scheduled_spec_tokens={
-            str(rid): len(ids) for rid, ids in output.scheduled_spec_decode_tokens.items()
-        },
-        preempted=sorted(str(rid) for rid in (output.preempted_req_ids or ())),
-        finished=sorted(str(rid) for rid in output.finished_req_ids),
-        target_tokens=sum(scheduled.values()),
-        draft_rows=sum(int(params.draft_rows(q)) for q in scheduled.values()),
     )
 
 

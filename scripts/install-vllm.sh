@@ -39,7 +39,7 @@ nodeps=("${pip[@]}" --no-deps)
 step "pip"
 "${pip[@]}" "pip==25.3" || die "cannot install pip==25.3"
 step "torch 2.13.0+cpu"
-"${nodeps[@]}" "torch==2.13.0+cpu" || die "cannot install torch==2.13.0+cpu (PyTorch's CPU wheel index: --extra-index-url https://download.pytorch.org/whl/cpu)"
+"${nodeps[@]}" "torch==2.13.0+cpu" || die "torch==2.13.0+cpu could not be installed"
 step "$vllm_pin (no deps)"
 "${nodeps[@]}" "$vllm_pin" "xgrammar==0.2.8" "apache-tvm-ffi==0.1.11" || die "cannot install $vllm_pin"
 step "requirements/vllm-runtime.txt (no deps)"
