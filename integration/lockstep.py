@@ -19,7 +19,7 @@ import json
 import shlex
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -397,6 +397,27 @@ def _where(err: BaseException) -> str:
     return f" (at {Path(last.filename).name}:{last.lineno})"
 
 
+def lockstep_steps(
+    scenario: Scenario, live: LiveScheduler, max_steps: int | None = None
+) -> Iterator[tuple[StepRecord, StepRecord]]:
+    """Feed ``scenario``'s event stream to the reference and to ``live``; yield the two
+    records of each step. The reference makes the events that depend on state (sampled
+    counts, drafts), which is sound while the two agree; a caller that finds a
+    divergence stops pulling before that step's outputs are fed."""
+    reference = Scheduler(scenario.config, profile_named(scenario.profile), check="record")
+    driver = ScenarioDriver(scenario, max_steps)
+    while not driver.done(reference.state):
+        record = live_record = None
+        for event in driver.before_step():
+            record = reference.handle(event)
+            live_record = live.handle(event)
+        assert record is not None and live_record is not None
+        yield record, live_record
+        for event in driver.after_step(record, reference.state):
+            reference.handle(event)
+            live.handle(event)
+
+
 def replay(
     scenario: Scenario,
     *,
@@ -409,21 +430,11 @@ def replay(
         live = LiveScheduler(scenario.config)
     except Unsupported as err:
         return 0, Divergence("validation", 0, "accepts", f"refuses: {err.reason}")
-    reference = Scheduler(scenario.config, profile_named(scenario.profile), check="record")
-    driver = ScenarioDriver(scenario, max_steps)
     steps = 0
-    while not driver.done(reference.state):
-        record = live_record = None
-        for event in driver.before_step():
-            record = reference.handle(event)
-            live_record = live.handle(event)
-        assert record is not None and live_record is not None
+    for record, live_record in lockstep_steps(scenario, live, max_steps):
         steps += 1
         if record.decision() != live_record.decision():
             return steps, Divergence(
                 "decision", record.step, record.decision(), live_record.decision()
             )
-        for event in driver.after_step(record, reference.state):
-            reference.handle(event)
-            live.handle(event)
     return steps, None

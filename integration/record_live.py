@@ -12,33 +12,19 @@ import json
 import os
 from pathlib import Path
 
-from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import StepRecord
 from dualbudget.reference.scenario import Scenario
 
 from .live import LiveScheduler, build_vllm_config
+from .lockstep import lockstep_steps
 from .recorder import NOTES_ENV, SOURCE_ENV, TRACE_ENV
 
 
 def drive(
     scenario: Scenario, live: LiveScheduler, max_steps: int | None = None
 ) -> list[StepRecord]:
-    """Feed ``scenario``'s events to ``live``; the reference runs beside it only to make
-    the events that depend on state (which lockstep keeps equal). Returns vLLM's records."""
-    run = ScenarioRun(scenario, max_steps=max_steps, check="record")
-    reference, driver = run.scheduler, run.driver
-    records = []
-    while not driver.done(reference.state):
-        mine = theirs = None
-        for event in driver.before_step():
-            mine = reference.handle(event)
-            theirs = live.handle(event)
-        assert mine is not None and theirs is not None
-        records.append(theirs)
-        for event in driver.after_step(mine, reference.state):
-            reference.handle(event)
-            live.handle(event)
-    return records
+    """vLLM's records for ``scenario``'s event stream (made by the reference in lockstep)."""
+    return [theirs for _, theirs in lockstep_steps(scenario, live, max_steps)]
 
 
 def record_scenario(
