@@ -22,3 +22,15 @@ def require_live_vllm() -> str:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def live_profile_name() -> str:
+    """The profile detected for the installed vLLM, with vLLM's logging quieted; fails or
+    skips as ``require_live_vllm`` does when vLLM is missing."""
+    import logging
+
+    from .detect import detect
+
+    require_live_vllm()
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    return detect().profile

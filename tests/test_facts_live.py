@@ -9,14 +9,11 @@ the table row and the vLLM release it claims to mirror.
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
-from dualbudget.integration.detect import detect
 from dualbudget.integration.fuzz import FUZZ_LAYOUTS
 from dualbudget.integration.live import Unsupported, build_vllm_config
-from dualbudget.integration.testing import require_live_vllm
+from dualbudget.integration.testing import live_profile_name
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
@@ -29,9 +26,7 @@ KS = (1, 2, 4, 7)
 
 @pytest.fixture(scope="module")
 def profile():  # type: ignore[no-untyped-def]
-    require_live_vllm()
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    return profile_named(detect().profile)
+    return profile_named(live_profile_name())
 
 
 def _config(layout: str, k: int, budget: int, seqs: int = 1) -> EngineConfig:

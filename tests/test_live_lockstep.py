@@ -4,16 +4,14 @@ docs/vllm-environments.md). Without vLLM these tests fail under CI=true, else sk
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dualbudget.integration.detect import detect
 from dualbudget.integration.lockstep import DivergenceFound, Lockstep, replay
-from dualbudget.integration.testing import require_live_vllm
+from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.scenario import load_scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 
@@ -24,9 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def profile() -> str:
-    require_live_vllm()
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    return detect().profile
+    return live_profile_name()
 
 
 def _other(profile: str) -> str:

@@ -3,15 +3,13 @@ writes replays against the reference (needs vLLM; fails under CI=true without it
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 
-from dualbudget.integration.detect import detect
 from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.record_live import drive
-from dualbudget.integration.testing import require_live_vllm
+from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import StepRecord
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.scenario import load_scenario
@@ -24,9 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def profile() -> str:
-    require_live_vllm()
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    return detect().profile
+    return live_profile_name()
 
 
 @pytest.mark.parametrize("example", ["kv-pressure.json", "priority.json", "dflash.json"])
