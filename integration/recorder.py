@@ -22,7 +22,6 @@ vLLM's ``resolve_obj_by_qualname`` reaches them.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
@@ -112,9 +111,9 @@ class _Recording:
         )
         self._params = StepParams.of(config)
         self._steps = 0
-        self._trace = TraceWriter(open(path, "w"), header)  # noqa: SIM115 (closed below)
-        # An engine may exit without calling shutdown(); the end line must still be written.
-        atexit.register(self._trace.close)
+        # The writer keeps the file a complete trace after every entry, so an engine
+        # process killed before shutdown() still leaves a replayable trace.
+        self._trace = TraceWriter(path, header)
 
     def _record_request(self, request: Any) -> None:
         self._trace.write(
@@ -161,8 +160,6 @@ def _build(base_path: str) -> type:
     module_name, _, class_name = base_path.rpartition(".")
     import importlib
 
-    from vllm.v1.request import RequestStatus
-
     base = getattr(importlib.import_module(module_name), class_name)
 
     class Recording(_Recording, base):  # type: ignore[misc, valid-type]
@@ -192,12 +189,13 @@ def _build(base_path: str) -> type:
             super().update_draft_token_ids_in_output(draft_token_ids, output)
 
         def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
-            if finished_status == RequestStatus.FINISHED_ABORTED:
-                ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-                for rid in ids:
-                    if rid in self.requests and not self.requests[rid].is_finished():
-                        self._trace.write(Abort(str(rid)))
-            return super().finish_requests(request_ids, finished_status)
+            # Finishes from outside the scheduler (client aborts, stop strings found by
+            # the frontend, shutdown with request_ids=None) are recorded from what vLLM
+            # reports it finished, so None and already-finished ids need no mirroring.
+            finished = super().finish_requests(request_ids, finished_status)
+            for request in finished:
+                self._trace.write(Abort(str(request.request_id)))
+            return finished
 
         def shutdown(self) -> None:
             self._trace.close()

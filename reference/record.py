@@ -4,7 +4,7 @@ vLLM, and to hand-craft traces for review."""
 
 from __future__ import annotations
 
-from typing import IO
+from pathlib import Path
 
 from .driver import ScenarioRun
 from .scenario import Scenario
@@ -12,7 +12,7 @@ from .trace import TraceHeader, TraceWriter
 
 
 def write_synthetic_trace(
-    scenario: Scenario, stream: IO[str], vllm_version: str, max_steps: int | None = None
+    scenario: Scenario, path: str | Path, vllm_version: str, max_steps: int | None = None
 ) -> int:
     """Write the trace of ``scenario`` under its profile; returns the number of steps."""
     run = ScenarioRun(scenario, max_steps=max_steps, check="record")
@@ -23,7 +23,7 @@ def write_synthetic_trace(
         scheduler_class="dualbudget.reference.scheduler.Scheduler",
         notes={"profile": scenario.profile},
     )
-    writer = TraceWriter(stream, header)
+    writer = TraceWriter(path, header)
     scheduler, driver = run.scheduler, run.driver
     steps = 0
     while not driver.done(scheduler.state):

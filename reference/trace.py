@@ -106,29 +106,43 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
 
 
 class TraceWriter:
-    """Writes a trace line by line, flushing each, so a crash leaves a readable prefix
-    (which ``read_trace`` then reports as truncated)."""
+    """Writes a trace so that the file on disk is a complete trace after every entry.
 
-    def __init__(self, stream: IO[str], header: TraceHeader) -> None:
-        self._stream = stream
+    Each entry is followed by the end line, which the next entry overwrites: a recorder
+    whose process is killed (a server stopped by a signal that never reaches its
+    ``shutdown``) still leaves a trace of everything it saw, while a write cut in the
+    middle leaves no end line, which ``read_trace`` reports as truncated.
+    """
+
+    def __init__(self, path: str | Path, header: TraceHeader) -> None:
+        self._stream: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed in close())
         self._steps = 0
-        self._write(header.to_json())
+        self._append(header.to_json())
 
     def write(self, entry: Entry) -> None:
         if isinstance(entry, StepRecord):
             self._steps += 1
-        self._write(entry_to_json(entry))
+        self._append(entry_to_json(entry))
 
     def close(self) -> None:
-        """Write the end line and close; a second call does nothing."""
-        if self._stream.closed:
-            return
-        self._write({"event": "end", "steps": self._steps})
+        """Close the file (its end line is already written); a second call does nothing."""
         self._stream.close()
 
-    def _write(self, obj: dict[str, Any]) -> None:
-        self._stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._stream.flush()
+    def _append(self, obj: dict[str, Any]) -> None:
+        if self._stream.closed:
+            raise ValueError("the trace is closed")
+        stream = self._stream
+        # The stream stands where the last end line begins: overwrite it.
+        stream.write(_line(obj))
+        mark = stream.tell()
+        stream.write(_line({"event": "end", "steps": self._steps}))
+        stream.truncate()
+        stream.flush()
+        stream.seek(mark)
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
 def read_trace(path: str | Path) -> Trace:

@@ -29,8 +29,7 @@ def dualbudget(*args: str) -> subprocess.CompletedProcess[str]:
 def trace_lines(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     scenario = preset("chat-poisson").scenario(seed=7)
     path = tmp_path_factory.mktemp("trace") / "t.ndjson"
-    with path.open("w") as stream:
-        write_synthetic_trace(scenario, stream, "0.32.0", max_steps=120)
+    write_synthetic_trace(scenario, path, "0.32.0", max_steps=120)
     return path.read_text().splitlines()
 
 
@@ -73,8 +72,7 @@ def test_changing_one_decision_fails_and_names_the_step(
 def test_another_profile_diverges(tmp_path: Path) -> None:
     # The same P-EAGLE workload: 0.32 and global-reserve budget it differently.
     path = tmp_path / "t.ndjson"
-    with path.open("w") as stream:
-        write_synthetic_trace(preset("chat-poisson").scenario(seed=1), stream, "0.32.0", 60)
+    write_synthetic_trace(preset("chat-poisson").scenario(seed=1), path, "0.32.0", 60)
     result = replay_trace(read_trace(path), None)
     assert result.ok and result.steps_checked == 60
     run = dualbudget("replay", "--profile", "global-reserve", str(path))
@@ -180,3 +178,25 @@ def test_changing_one_decision_of_a_shipped_trace_names_its_step(
     run = dualbudget("replay", write(tmp_path, lines))
     assert run.returncode == 1
     assert f"DIVERGES at step {obj['step']}" in run.stdout
+
+
+def test_the_file_is_a_complete_trace_after_every_entry(tmp_path: Path) -> None:
+    from dualbudget.reference.events import AddRequest, ModelOutput, StepRecord
+    from dualbudget.reference.trace import TraceHeader, TraceWriter
+
+    scenario = preset("chat-poisson").scenario(seed=1)
+    path = tmp_path / "live.ndjson"
+    writer = TraceWriter(path, TraceHeader("0.32.0", "engine", scenario.config))
+    assert read_trace(path).steps == 0
+    writer.write(AddRequest("a", 4, 2))
+    record = StepRecord(0, {"a": 4}, {}, [], [], 4, 4)
+    writer.write(record)
+    writer.write(ModelOutput({"a": 1}))
+    trace = read_trace(path)  # readable while the recorder is still open
+    assert trace.steps == 1 and trace.entries[-1] == ModelOutput({"a": 1})
+    writer.close()
+    assert read_trace(path).entries == trace.entries
+    # A write cut short leaves no end line: truncated, not silently shorter.
+    path.write_text(path.read_text().rsplit("\n", 2)[0][:-5] + "\n")
+    with pytest.raises(TraceError, match="corrupt JSON"):
+        read_trace(path)
