@@ -108,6 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="FILE")
     check.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")
     check.set_defaults(run="dualbudget.integration.commands:check")
+
+    from dualbudget.simulate_cli import add_arguments
+
+    simulate = sub.add_parser("simulate", help="what a budget policy costs on a workload")
+    add_arguments(simulate)
+    simulate.set_defaults(run="dualbudget.simulate_cli:simulate_command")
+
+    report = sub.add_parser("report", help="write the design-review document")
+    report.add_argument("--out", metavar="DIR", required=True)
+    report.add_argument("--seed", type=int, default=0, help="seed of the standard workloads")
+    report.add_argument("--quick", action="store_true", help="smaller workloads, no proofs")
+    report.set_defaults(run="dualbudget.report:report")
     return parser
 
 

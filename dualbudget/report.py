@@ -1,0 +1,251 @@
+"""``dualbudget report --out DIR``: the design-review document of a budget change.
+
+One Markdown file (``DIR/design-review.md``) with its plots beside it: the contract
+C1-C6, the proof verdicts (profiles x layouts x contract items, with the findings and
+their witness scenarios), the trace-replay status of the bundled traces and whether a vLLM
+is installed for the differential suite, and the simulation table on the standard
+workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dualbudget.reference.simulate import SimResult, StepTimeModel
+from dualbudget.reference.workload import preset
+from dualbudget.spec.errors import BadInput
+
+REPO = Path(__file__).resolve().parent.parent
+TRACES = REPO / "tests" / "data" / "traces"
+
+STANDARD_WORKLOADS = (
+    ("long-prompts", "low concurrency, long prompts"),
+    ("dspark-bench", "high concurrency, short prompts, the DSpark preset"),
+    ("chat-poisson", "mixed, trace-shaped (Poisson arrivals, lognormal chat lengths)"),
+)
+PROFILES = ("vllm-0.32", "vllm-0.33", "dual")
+
+CONTRACT = """\
+- **C1 nonnegative**: every budget the policy keeps is `>= 0` after every decision.
+- **C2 conservation**: each budget equals its opening value minus what the scheduled
+  requests were charged; a preempted request's refund is exactly its charge, once.
+- **C3 buffer peak**: `T <= S <= B` and `D <= B`, i.e. `max(T, D) <= B` (unsafe if broken:
+  the model runner's input buffer overflows on the GPU).
+- **C4 progress**: a config the policy accepts can always schedule at least one token of a
+  runnable request in an empty step (no budget deadlock).
+- **C5 tightness** (efficiency): when a request gets fewer tokens than it needs, one more
+  would break C3 or another hard limit (a failure is capacity left on the table).
+- **C6 dominance**: on the same queue in the same order, a relaxation of a policy schedules
+  at least as many tokens.
+"""
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(c) for c in rows[0]) + " |"]
+    lines.append("|" + "---|" * len(rows[0]))
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows[1:]]
+    return "\n".join(lines)
+
+
+def proofs_section(out: Path) -> list[str]:
+    from dualbudget.proofs.manifest import load_manifest
+    from dualbudget.proofs.runner import BOUNDS, run, select, summary, write_witnesses
+
+    started = time.perf_counter()
+    manifest = load_manifest()
+    outcomes = run(select(), manifest)
+    write_witnesses(outcomes, out / "witnesses")
+    report = summary(outcomes, time.perf_counter() - started)
+    lines = [
+        "## Proof verdicts",
+        "",
+        f"`dualbudget prove`: {report['obligations']} obligations, {report['holds']} hold,"
+        f" {report['fails']} fail ({report['expected_failures']} expected by"
+        f" proofs/manifest.toml), {report['unknown']} unknown, {report['vacuous']} vacuous;"
+        f" {report['matching_manifest']} match the manifest"
+        f" ({'OK' if report['ok'] else 'MISMATCH: ' + ', '.join(report['mismatches'])});"
+        f" {report['wall_seconds']} s.",
+        "",
+        f"Bounds: {BOUNDS.removeprefix('bounds: ')}",
+        "",
+    ]
+    # profiles x layouts, one cell per contract item: the checks that fail, else "holds".
+    contracts = sorted({o.contract for o in outcomes})
+    cells: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for o in outcomes:
+        row = cells.setdefault((o.profile, o.layout), {c: [] for c in contracts})
+        if o.verdict != "holds":
+            row[o.contract].append(f"{o.check}: {o.verdict}")
+    rows = [["profile", "layout", *contracts]]
+    for (profile, layout), by_contract in cells.items():
+        rows.append(
+            [
+                profile,
+                layout,
+                *("; ".join(by_contract[c]) or "holds" for c in contracts),
+            ]
+        )
+    lines += [_table(rows), ""]
+    failed = [o for o in outcomes if o.verdict != "holds"]
+    if failed:
+        lines += ["### Findings and witnesses", ""]
+        for o in failed:
+            where = (
+                f" — witness: [`{Path(o.witness).name}`](witnesses/{Path(o.witness).name})"
+                if o.witness
+                else ""
+            )
+            expected = "expected" if o.matches else f"UNEXPECTED (manifest: {o.expected})"
+            lines.append(f"- **{o.name}**: {o.verdict}, {expected}{where}")
+            for reason in o.reasons[:2]:
+                lines.append(f"  - {reason}")
+            if o.table:
+                lines += ["", "```", o.table.strip("\n"), "```", ""]
+        lines.append("")
+    return lines
+
+
+def traces_section() -> list[str]:
+    from dualbudget.reference.replay import replay_trace
+    from dualbudget.reference.trace import read_trace
+
+    rows = [["trace", "vLLM", "profile", "steps checked", "status"]]
+    for path in sorted(TRACES.glob("*.ndjson*")):
+        try:
+            trace = read_trace(path)
+            result = replay_trace(trace)
+        except BadInput as err:
+            rows.append([path.name, "?", "?", "0", f"cannot replay: {err}"])
+            continue
+        if result.divergence is not None:
+            status = f"DIVERGES at step {result.divergence[0]}"
+        elif result.violations:
+            status = "; ".join(
+                f"recorded scheduler broke {v.contract} at step {v.step}"
+                for v in result.violations[:3]
+            )
+        elif result.steps_checked == 0:
+            status = "no step checked (not a pass)"
+        else:
+            status = "all decisions agree"
+        rows.append(
+            [
+                path.name,
+                trace.header.vllm_version,
+                result.profile,
+                str(result.steps_checked),
+                status,
+            ]
+        )
+    vllm = importlib.util.find_spec("vllm") is not None
+    lines = [
+        "## Differential and trace-replay status",
+        "",
+        "Recorded vLLM traces (tests/data/traces) replayed through the reference,"
+        " decision by decision:",
+        "",
+        _table(rows),
+        "",
+    ]
+    if vllm:
+        lines.append(
+            "A vLLM is importable here; the lockstep differential fuzz is not run by this"
+            " report (it takes minutes): run `dualbudget check` or `dualbudget fuzz` and"
+            " attach its JSON."
+        )
+    else:
+        lines.append(
+            "No vLLM is installed in this environment, so the live lockstep differential"
+            " suite was **not run** for this document; run `dualbudget check` in a vLLM"
+            " environment (docs/vllm-environments.md)."
+        )
+    return [*lines, ""]
+
+
+def simulation_section(out: Path, seed: int, quick: bool) -> list[str]:
+    from dualbudget.plots import write_plots
+    from dualbudget.simulate_cli import TIME_NOTE, run_profiles, table_rows
+
+    model = StepTimeModel()
+    lines = [
+        "## Simulation on the standard workloads",
+        "",
+        f"Profiles {', '.join(PROFILES)}; ratios against {PROFILES[0]}. Step time model"
+        f" t = {model.a:g} s + {model.b:g} s*T + {model.c:g} s*D (columns marked * use it)."
+        f" {TIME_NOTE}",
+        "",
+    ]
+    for name, label in STANDARD_WORKLOADS:
+        workload = preset(name)
+        if quick:
+            workload = replace(workload, num_requests=min(workload.num_requests, 64))
+        scenario = workload.scenario(seed)
+        started = time.perf_counter()
+        results: list[SimResult] = run_profiles(scenario, PROFILES, quiet=True)
+        wall = time.perf_counter() - started
+        plots = write_plots(results, out, prefix=f"{name}-")
+        rows = table_rows(results, model)
+        lines += [
+            f"### {name}: {label}",
+            "",
+            f"{workload.num_requests} requests, seed {seed}. {workload.summary}."
+            f" Simulated in {wall:.1f} s.",
+            "",
+            _table(rows),
+            "",
+        ]
+        broken = [
+            f"- **{r.profile}** breaks {v['contract']} on this workload in {v['count']} steps"
+            f" (first at step {v['first_step']}): {v['message']}"
+            for r in results
+            for v in r.violations
+        ]
+        lines += [*broken, *([""] if broken else [])]
+        lines += [f"![{p.stem}]({p.name})" for p in plots]
+        lines.append("")
+    return lines
+
+
+def report(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BadInput(f"--out {str(out)!r}: cannot create: {err.strerror}") from None
+    started = time.perf_counter()
+    lines: list[str] = [
+        "# Design review: token budgets under speculative decoding",
+        "",
+        "Generated by `dualbudget report`. Sections: the contract, the proof verdicts, the"
+        " differential and trace-replay status, the simulation on standard workloads.",
+        "",
+        "## The contract",
+        "",
+        CONTRACT,
+    ]
+    sections: list[tuple[str, Any]] = []
+    if args.quick:
+        lines += ["## Proof verdicts", "", "Not run (`--quick`).", ""]
+    else:
+        sections.append(("proofs", lambda: proofs_section(out)))
+    sections.append(("traces", traces_section))
+    sections.append(("simulation", lambda: simulation_section(out, args.seed, args.quick)))
+    for name, build in sections:
+        t0 = time.perf_counter()
+        print(f"report: {name} ...", file=sys.stderr, flush=True)
+        lines += build()
+        print(f"report: {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    document = out / "design-review.md"
+    document.write_text("\n".join(lines) + "\n")
+    print(f"{document} written in {time.perf_counter() - started:.1f} s")
+    return 0

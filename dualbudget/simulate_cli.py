@@ -1,0 +1,290 @@
+"""``dualbudget simulate``: the reference over a workload under several profiles.
+
+The simulation itself is ``dualbudget.reference.simulate`` (pure, standard library); this
+module is the glue: the workload and engine overrides, one process per profile where
+there are cores for it, the table, ``--json`` and ``--plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from dualbudget.reference.scenario import (
+    Scenario,
+    config_to_json,
+    load_scenario,
+    parse_config,
+    validate,
+)
+from dualbudget.reference.simulate import SimResult, StepTimeModel, ratios, simulate, to_json
+from dualbudget.reference.workload import preset
+from dualbudget.spec.errors import BadInput
+
+DEFAULT_PROFILES = ("vllm-0.32", "vllm-0.33", "dual")
+
+TIME_NOTE = (
+    "Step counts, rows and their ratios are exact consequences of the policies; seconds come"
+    " from t(step) = a + b*T + c*D and are only as good as the coefficients"
+    " (see docs/simulate.md for fitting them to a `vllm bench serve` run)."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--workload", metavar="NAME", help="a preset (default: dspark-bench)")
+    source.add_argument("--scenario", metavar="FILE", help="a scenario JSON file")
+    p.add_argument("--seed", type=int, default=0, help="the preset's seed")
+    p.add_argument("--profile", action="append", help="repeatable; default: 0.32, 0.33, dual")
+    p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
+    p.add_argument("--max-num-seqs", type=int, metavar="N")
+    p.add_argument("--speculative-config", metavar="JSON", help="as vLLM takes it")
+    p.add_argument("--step-time-a", type=float, default=StepTimeModel.a, metavar="S")
+    p.add_argument("--step-time-b", type=float, default=StepTimeModel.b, metavar="S")
+    p.add_argument("--step-time-c", type=float, default=StepTimeModel.c, metavar="S")
+    p.add_argument("--max-steps", type=int, help="stop each run after N steps")
+    p.add_argument("--jobs", type=int, help="processes (default: min(cores, profiles))")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--plot", metavar="DIR", help="write PNG plots here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def load_workload(args: argparse.Namespace) -> tuple[str, Scenario]:
+    """The workload's name and scenario, with the engine overrides applied."""
+    if args.scenario:
+        name, scenario = str(args.scenario), load_scenario(args.scenario)
+    else:
+        name = args.workload or "dspark-bench"
+        scenario = preset(name).scenario(args.seed)
+        name = f"{name} (seed {args.seed})"
+    return name, with_overrides(
+        scenario, args.max_num_batched_tokens, args.max_num_seqs, args.speculative_config
+    )
+
+
+def with_overrides(
+    scenario: Scenario,
+    max_num_batched_tokens: int | None,
+    max_num_seqs: int | None,
+    speculative_config: str | None,
+) -> Scenario:
+    config = config_to_json(scenario.config)
+    if max_num_batched_tokens is not None:
+        config["max_num_batched_tokens"] = max_num_batched_tokens
+    if max_num_seqs is not None:
+        config["max_num_seqs"] = max_num_seqs
+    if speculative_config is not None:
+        try:
+            spec = json.loads(speculative_config)
+        except json.JSONDecodeError as err:
+            raise BadInput(f"--speculative-config: malformed JSON: {err.msg}") from None
+        config["speculative_config"] = spec
+    return validate(replace(scenario, config=parse_config(config)))
+
+
+def check_profiles(names: Sequence[str]) -> None:
+    from dualbudget.spec.profiles import profile_named
+
+    for name in names:
+        profile_named(name)  # raises UnknownProfile (BadInput)
+
+
+def time_model(args: argparse.Namespace) -> StepTimeModel:
+    for name in ("a", "b", "c"):
+        if getattr(args, f"step_time_{name}") < 0:
+            raise BadInput(f"--step-time-{name}: must be >= 0")
+    return StepTimeModel(args.step_time_a, args.step_time_b, args.step_time_c)
+
+
+def _progress(profile: str, steps: int, finished: int, total: int) -> None:
+    print(
+        f"simulate: {profile}: step {steps}, {finished}/{total} requests finished",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _run_one(job: tuple[Scenario, str, int | None, bool]) -> SimResult:
+    scenario, profile, max_steps, quiet = job
+    return simulate(scenario, profile, max_steps=max_steps, progress=None if quiet else _progress)
+
+
+def run_profiles(
+    scenario: Scenario,
+    profiles: Sequence[str],
+    *,
+    max_steps: int | None = None,
+    jobs: int | None = None,
+    quiet: bool = False,
+    refused: list[str] | None = None,
+) -> list[SimResult]:
+    """One ``simulate`` per profile, in parallel processes when ``jobs`` > 1; results in
+    the order of ``profiles``. Each profile is validated against the workload first;
+    a profile whose admission rules refuse the config is left out, with its reason in
+    ``refused`` (when given), and BadInput if every profile refuses."""
+    accepted, reasons = [], []
+    for profile in profiles:
+        try:
+            scenario.with_profile(profile)  # BadInput here, not in a worker
+        except BadInput as err:
+            reasons.append(f"{profile}: refuses the config: {err}")
+            continue
+        accepted.append(profile)
+    if refused is not None:
+        refused.extend(reasons)
+    if not accepted:
+        raise BadInput("; ".join(reasons))
+    profiles = accepted
+    work = [(scenario, p, max_steps, quiet) for p in profiles]
+    if jobs is None:
+        jobs = min(os.cpu_count() or 1, len(profiles))
+    if jobs <= 1 or len(profiles) <= 1:
+        return [_run_one(job) for job in work]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        return list(pool.imap(_run_one, work, chunksize=1))
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    profiles = list(args.profile or DEFAULT_PROFILES)
+    check_profiles(profiles)
+    model = time_model(args)
+    if args.max_steps is not None and args.max_steps < 1:
+        raise BadInput("--max-steps: must be >= 1")
+    if args.jobs is not None and args.jobs < 1:
+        raise BadInput("--jobs: must be >= 1")
+    name, scenario = load_workload(args)
+    refused: list[str] = []
+    results = run_profiles(
+        scenario,
+        profiles,
+        max_steps=args.max_steps,
+        jobs=args.jobs,
+        quiet=args.quiet,
+        refused=refused,
+    )
+    wall = time.perf_counter() - started
+    print_report(name, scenario, results, model, sys.stdout)
+    for line in refused:
+        print(f"REFUSED {line}")
+    print(
+        f"wall time: {wall:.1f} s for {len(profiles)} profiles"
+        f" (per profile: {', '.join(f'{r.profile} {r.wall_seconds:.1f} s' for r in results)})"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(name, results), indent=1) + "\n")
+    if args.plot:
+        from dualbudget.plots import write_plots
+
+        for path in write_plots(results, Path(args.plot)):
+            print(f"plot: {path}")
+    return 0
+
+
+def _fmt(x: float) -> str:
+    if isinstance(x, int) or float(x).is_integer():
+        return str(int(x))
+    return f"{x:.2f}"
+
+
+def _d(d: dict[str, Any]) -> str:
+    return "/".join(_fmt(d[k]) for k in ("mean", "p50", "p99", "max"))
+
+
+def table_rows(results: Sequence[SimResult], model: StepTimeModel) -> list[list[str]]:
+    """The table of ``print_report`` and the design-review document: a header row, then
+    one row per profile."""
+    rows = [
+        [
+            "profile",
+            "steps",
+            "req/step mean/p50/p99/max",
+            "T/step",
+            "D/step",
+            "peak max(T,D) / B",
+            "TTFT steps mean/p99",
+            "steps/out tok",
+            "out tokens",
+            "tok/s*",
+            "TTFT s* mean/p99",
+            "ITL ms*",
+            "ratio steps",
+            "ratio tok/s",
+            "ratio TTFT",
+            "contract",
+        ]
+    ]
+    for r, ratio in zip(results, ratios(results, model), strict=True):
+        s, t = r.summary(), r.timing(model)
+        broken = ", ".join(
+            f"{v['contract']} x{v['count']} (first step {v['first_step']})" for v in r.violations
+        )
+        if r.stall:
+            broken = (broken + "; " if broken else "") + "C4 stall"
+        rows.append(
+            [
+                r.profile,
+                str(s["steps"]),
+                _d(s["requests_per_step"]),
+                _d(s["target_tokens_per_step"]),
+                _d(s["draft_rows_per_step"]),
+                f"{s['peak_rows']} / {r.budget}" + (" OVER" if s["peak_rows"] > r.budget else ""),
+                f"{s['ttft_steps']['mean']:.1f}/{_fmt(s['ttft_steps']['p99'])}",
+                f"{s['steps_per_output_token']:.3f}",
+                str(s["output_tokens"]),
+                f"{t['output_tokens_per_s']:.0f}",
+                f"{t['ttft_s_mean']:.2f}/{t['ttft_s_p99']:.2f}",
+                f"{t['itl_s_mean'] * 1000:.2f}",
+                f"{ratio['steps']:.3f}",
+                f"{ratio['output_tokens_per_s']:.3f}",
+                f"{ratio['ttft_s_mean']:.3f}",
+                broken or "ok",
+            ]
+        )
+    return rows
+
+
+def print_report(
+    name: str,
+    scenario: Scenario,
+    results: Sequence[SimResult],
+    model: StepTimeModel,
+    out: TextIO,
+) -> None:
+    config = scenario.config
+    print(
+        f"workload: {name}: {len(scenario.requests)} requests,"
+        f" B={config.max_num_batched_tokens}, max_num_seqs={config.max_num_seqs},"
+        f" speculative_config={config_to_json(config).get('speculative_config')}",
+        file=out,
+    )
+    print(
+        f"step time model: t = {model.a:g} s + {model.b:g} s*T + {model.c:g} s*D"
+        " (* = predicted by it)",
+        file=out,
+    )
+    rows = table_rows(results, model)
+    # Transposed: one column per profile reads better in a terminal.
+    width = max(len(row[0]) for row in zip(*rows, strict=True))
+    columns = [max(len(c) for c in row) for row in rows]
+    for i, label in enumerate(rows[0]):
+        cells = [row[i].ljust(columns[j + 1]) for j, row in enumerate(rows[1:])]
+        print(f"{label.ljust(width)}  {'  '.join(cells)}".rstrip(), file=out)
+    for r in results:
+        for v in r.violations:
+            print(
+                f"CONTRACT {v['contract']} BROKEN under {r.profile}: {v['count']} steps,"
+                f" first at step {v['first_step']}: {v['message']}",
+                file=out,
+            )
+        if r.stall:
+            print(f"{r.profile}: {r.stall}", file=out)
+    print(TIME_NOTE, file=out)
