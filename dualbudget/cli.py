@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", metavar="DIR", required=True)
     report.add_argument("--seed", type=int, default=0, help="seed of the standard workloads")
     report.add_argument("--quick", action="store_true", help="smaller workloads, no proofs")
+    report.add_argument(
+        "--fuzz-json", metavar="FILE", help="a `dualbudget fuzz --json` result to include"
+    )
     report.set_defaults(run="dualbudget.report:report")
     return parser
 

@@ -26,6 +26,7 @@ from dualbudget.reference.scenario import (
     validate,
 )
 from dualbudget.reference.simulate import SimResult, StepTimeModel, ratios, simulate, to_json
+from dualbudget.reference.trace import read_trace, scenario_from_trace
 from dualbudget.reference.workload import preset
 from dualbudget.spec.errors import BadInput
 
@@ -42,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--workload", metavar="NAME", help="a preset (default: dspark-bench)")
     source.add_argument("--scenario", metavar="FILE", help="a scenario JSON file")
+    source.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a recorded dualbudget trace: its config, arrivals and measured acceptance",
+    )
     p.add_argument("--seed", type=int, default=0, help="the preset's seed")
     p.add_argument("--profile", action="append", help="repeatable; default: 0.32, 0.33, dual")
     p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
@@ -59,7 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_workload(args: argparse.Namespace) -> tuple[str, Scenario]:
     """The workload's name and scenario, with the engine overrides applied."""
-    if args.scenario:
+    if getattr(args, "trace", None):
+        trace = read_trace(args.trace)
+        name, scenario = str(args.trace), scenario_from_trace(trace, "dual", args.seed)
+    elif args.scenario:
         name, scenario = str(args.scenario), load_scenario(args.scenario)
     else:
         name = args.workload or "dspark-bench"

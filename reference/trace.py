@@ -35,7 +35,15 @@ from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
-from .scenario import ScenarioError, config_to_json, parse_config
+from .scenario import (
+    Acceptance,
+    RequestSpec,
+    Scenario,
+    ScenarioError,
+    config_to_json,
+    parse_config,
+    validate,
+)
 
 FORMAT = "dualbudget-trace"
 VERSION = 1
@@ -273,3 +281,67 @@ def _entry(name: str, lineno: int, obj: dict[str, Any]) -> Entry:
     except (KeyError, TypeError, ValueError) as err:
         raise TraceError(f"trace {name!r} line {lineno}: bad {kind} event: {err}") from None
     raise TraceError(f"trace {name!r} line {lineno}: unknown event {kind!r}")
+
+
+def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
+    """A what-if workload from a recorded trace: its config, its requests arriving at the
+    steps they arrived (aborts likewise), and the acceptance it measured.
+
+    Acceptance is kept as empirical per-position rates (position ``j`` accepted given
+    ``j-1`` was), not as a per-step table: under another profile the same step schedules
+    other requests, so only the rates carry over. The simulated drafter proposes ``K``
+    every step; a decode step after the recorded drafter proposed nothing counts as a
+    rejection at position 0, and padded placeholders (which no target accepts) as
+    rejections, so the rates fold in how often real drafts were there. What does not
+    carry over is the verify width: a step the trace ran at width 1 is simulated at
+    ``1 + K``, so step counts of a what-if are model results, not replays.
+    """
+    arrivals: dict[str, tuple[AddRequest, int]] = {}
+    aborts: dict[str, int] = {}
+    reached: list[int] = []
+    accepted: list[int] = []
+    steps = 0
+    spec: dict[str, int] = {}
+    proposed_none: set[str] = set()
+    for entry in trace.entries:
+        if isinstance(entry, StepRecord):
+            steps += 1
+            spec = entry.scheduled_spec_tokens
+        elif isinstance(entry, AddRequest):
+            arrivals[entry.request_id] = (entry, steps)
+        elif isinstance(entry, Abort):
+            aborts.setdefault(entry.request_id, steps)
+        elif isinstance(entry, DraftProposals):
+            proposed_none = {rid for rid, n in entry.num_drafts.items() if n == 0}
+        elif isinstance(entry, ModelOutput):
+            for rid, sampled in entry.num_sampled.items():
+                drafts = spec.get(rid, 0)
+                if sampled <= 0 or (drafts <= 0 and rid not in proposed_none):
+                    continue
+                # A decode step after the drafter proposed nothing (n-gram without a
+                # match) counts as a rejection at the first position: the simulation
+                # proposes K every step, so the trace's silence must lower the rates.
+                drafts = max(drafts, 1)
+                taken = sampled - 1
+                while len(reached) < drafts:
+                    reached.append(0)
+                    accepted.append(0)
+                for position in range(min(taken + 1, drafts)):
+                    reached[position] += 1
+                    accepted[position] += position < taken
+    if not arrivals:
+        raise TraceError(f"trace {trace.path!r}: holds no request to simulate")
+    rates = tuple(a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True))
+    requests = tuple(
+        RequestSpec(
+            id=rid,
+            prompt_len=event.prompt_len,
+            max_tokens=event.max_tokens,
+            arrival_step=step,
+            priority=event.priority,
+            abort_step=max(aborts[rid], step) if rid in aborts else None,
+        )
+        for rid, (event, step) in arrivals.items()
+    )
+    acceptance = Acceptance(fixed=None, per_position=rates, seed=seed)
+    return validate(Scenario(profile, trace.header.config, requests, acceptance))

@@ -297,3 +297,23 @@ def test_cli_report_quick_writes_the_document(tmp_path: Path) -> None:
         for plot in ("rows_per_step", "requests_per_step", "ttft"):
             assert (tmp_path / f"{name}-{plot}.png").stat().st_size > 0
             assert f"]({name}-{plot}.png)" in text
+    assert "differential fuzz is **not in this document**" in text
+
+
+def test_report_includes_a_fuzz_result_and_flags_vacuous_coverage(tmp_path: Path) -> None:
+    from dualbudget.report import differential_lines
+
+    fuzz = {
+        "vllm_version": "0.32.0", "profile": "vllm-0.32", "examples": 9, "steps": 70,
+        "divergences": [{"step": 4, "scenario": "d.json"}],
+        "coverage": {"padded_decode": 3},
+        "coverage_by_method": {"eagle": {"padded_decode": 3}, "dflash": {"padded_decode": 0}},
+    }  # fmt: skip
+    path = tmp_path / "fuzz.json"
+    path.write_text(json.dumps(fuzz))
+    lines = "\n".join(differential_lines(path))
+    assert "vLLM 0.32.0 (profile vllm-0.32): 9 examples, 70 steps, 1 divergences" in lines
+    assert "at zero (partly vacuous): dflash:padded_decode" in lines
+    assert "divergence at step 4: scenario `d.json`" in lines
+    path.write_text("{}")
+    assert main(["report", "--out", str(tmp_path), "--quick", "--fuzz-json", str(path)]) == 2

@@ -200,3 +200,40 @@ def test_the_file_is_a_complete_trace_after_every_entry(tmp_path: Path) -> None:
     path.write_text(path.read_text().rsplit("\n", 2)[0][:-5] + "\n")
     with pytest.raises(TraceError, match="corrupt JSON"):
         read_trace(path)
+
+
+def test_a_trace_becomes_a_what_if_workload(tmp_path: Path) -> None:
+    from dualbudget.reference.events import (
+        AddRequest,
+        DraftProposals,
+        ModelOutput,
+        StepRecord,
+    )
+    from dualbudget.reference.trace import TraceHeader, TraceWriter, scenario_from_trace
+
+    config = preset("chat-poisson").scenario(seed=1).config
+    path = tmp_path / "t.ndjson"
+    writer = TraceWriter(path, TraceHeader("0.32.0", "engine", config))
+    writer.write(AddRequest("a", 4, 9, priority=2))
+    writer.write(StepRecord(0, {"a": 4}, {}, [], [], 4, 4))
+    writer.write(ModelOutput({"a": 1}))
+    writer.write(DraftProposals({"a": 2}))
+    writer.write(AddRequest("b", 6, 3))  # arrives before step 1
+    # Two drafts verified, one accepted: position 0 reached and accepted, 1 reached only.
+    writer.write(StepRecord(1, {"a": 3, "b": 6}, {"a": 2}, [], [], 9, 12))
+    writer.write(ModelOutput({"a": 2, "b": 1}))
+    writer.write(DraftProposals({"a": 0, "b": 4}))
+    # The drafter proposed nothing for "a": a rejection at position 0.
+    writer.write(StepRecord(2, {"a": 1}, {}, [], [], 1, 4))
+    writer.write(ModelOutput({"a": 1}))
+    writer.close()
+
+    scenario = scenario_from_trace(read_trace(path), "dual", seed=4)
+    assert [(r.id, r.prompt_len, r.max_tokens, r.arrival_step, r.priority)
+            for r in scenario.requests] == [("a", 4, 9, 0, 2), ("b", 6, 3, 1, 0)]  # fmt: skip
+    # Position 0: reached twice, accepted once; position 1: reached once, never accepted.
+    assert scenario.acceptance.per_position == (0.5, 0.0)
+    assert scenario.acceptance.seed == 4
+    run = dualbudget("simulate", "--trace", str(path), "--quiet", "--profile", "dual")
+    assert run.returncode == 0, run.stderr
+    assert "2 requests" in run.stdout
