@@ -8,11 +8,11 @@ divergence, an unknown contract finding, zero coverage or a failed proof, 2 bad 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -356,36 +356,28 @@ def check(args: argparse.Namespace) -> int:
 
     The fuzz is ``dualbudget fuzz --examples N --seed S`` with the coverage gate on (a
     fuzz that reached nothing has checked nothing), ``--fuzz-seconds`` as its time cap."""
+    from dualbudget.proofs.commands import prove
+
     started = time.perf_counter()
     rows: list[tuple[str, str, str]] = []
-    report: dict[str, Any] = {}
-    try:
-        prove = importlib.import_module("dualbudget.proofs.commands").prove
-    except (ImportError, AttributeError) as err:
-        prove = None
-        rows.append(("proofs", "FAIL", f"dualbudget.proofs.commands:prove unavailable: {err}"))
-    if prove is not None:
-        proof_args = argparse.Namespace(
-            profile=None, layout=None, only=None, mutants=False, json=None, junit=None,
-            witness_dir=None,
-        )  # fmt: skip
-        print("== proofs", flush=True)
+
+    def stage(name: str, run: Callable[[], int], detail: str, note: str = "") -> None:
+        """Run one stage; its exit code (2 on bad input) becomes a verdict row."""
+        print(f"\n== {name}", flush=True)
         t0 = time.perf_counter()
         try:
-            proof_code = int(prove(proof_args))
-            detail = f"exit {proof_code}"
+            code, said = run(), f"{detail}exit "
         except BadInput as err:
-            proof_code, detail = 2, f"error: {err}"
-        rows.append(
-            (
-                "proofs",
-                "PASS" if proof_code == 0 else "FAIL",
-                f"{detail}, {time.perf_counter() - t0:.0f}s",
-            )
-        )
-    report["proofs"] = rows[-1][1]
+            code, said = 2, f"{detail}error: {err}; exit "
+        verdict = "PASS" if code == 0 else "FAIL"
+        rows.append((name, verdict, f"{said}{code}, {time.perf_counter() - t0:.0f}s{note}"))
 
-    print("\n== fuzz", flush=True)
+    proof_args = argparse.Namespace(
+        profile=None, layout=None, only=None, mutants=False, json=None, junit=None,
+        witness_dir=None,
+    )  # fmt: skip
+    stage("proofs", lambda: int(prove(proof_args)), "")
+
     _quiet_vllm()
     from .live import installed_vllm_version
 
@@ -401,20 +393,13 @@ def check(args: argparse.Namespace) -> int:
             layout=None, no_coverage_gate=False,
         )  # fmt: skip
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        try:
-            code = fuzz(fuzz_args)
-            detail = f"vLLM {version}, {examples} examples, seed {args.seed}, exit {code}"
-        except BadInput as err:
-            code, detail = 2, f"vLLM {version}: error: {err}"
-        rows.append(
-            (
-                "fuzz",
-                "PASS" if code == 0 else "FAIL",
-                f"{detail}, {time.perf_counter() - t0:.0f}s (report {fuzz_args.json})",
-            )
+        stage(
+            "fuzz",
+            lambda: fuzz(fuzz_args),
+            f"vLLM {version}, {examples} examples, seed {args.seed}, ",
+            f" (report {fuzz_args.json})",
         )
-    report["fuzz"] = rows[-1][1]
+    report = {name: verdict for name, verdict, _ in rows}
     width = max(len(r[0]) for r in rows)
     print("\n== verdict")
     for name, verdict, detail in rows:
