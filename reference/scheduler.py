@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dualbudget.spec.book import StepBook
 from dualbudget.spec.config import EngineConfig, check_engine_config
 from dualbudget.spec.errors import BadInput
-from dualbudget.spec.invariants import step_violations
-from dualbudget.spec.policies import StepParams
+from dualbudget.spec.invariants import StepTotals, step_totals, step_violations
+from dualbudget.spec.kernel import compile_kernel
+from dualbudget.spec.policies import Ledger, StepParams
 from dualbudget.spec.profiles import Profile
 
 from . import kv
@@ -64,9 +64,12 @@ class UnmirroredVllmCrash(RuntimeError):
 class _Step:
     """What one ``schedule`` call builds; it dies with the call."""
 
-    book: StepBook
-    """The step's ledger and each scheduled request's charge (spec's proven book)."""
+    token_budget: int
+    input_budget: int
+    """The step's ledger, moved only by the budget kernel (``spec.kernel``)."""
     scheduled: dict[str, int]
+    """The book's record: the tokens each request was charged for. The charge itself is
+    the policy's charge of that many tokens, a function of them alone."""
     spec: dict[str, int]
     padded: list[str]
     preempted: list[str]
@@ -93,6 +96,11 @@ class Scheduler:
         self.profile = profile
         self.policy = profile.policy
         self.params = StepParams.of(config)
+        # The book's transitions (and the policy's rules under them) on this config,
+        # compiled from the formulas the proofs check: see spec/kernel.py.
+        self.kernel = compile_kernel(self.policy, self.params)
+        self._per_q: dict[int, tuple[int, int, int]] = {}
+        """The spec's charge and ``C(q)`` per ``q``, for the contract check of every step."""
         self.check: CheckMode = check
         self.scenario = scenario
         self.semantics = profile.vllm_version or "0.33"
@@ -160,7 +168,7 @@ class Scheduler:
         step_index = state.num_steps
         state.num_steps += 1
         p, policy = self.params, self.policy
-        step = _Step(StepBook.opened(policy, p), {}, {}, [], [], [])
+        step = _Step(*self.kernel.opened, {}, {}, [], [], [])
 
         # Scheduler.schedule: the threshold only bites when someone could be starved.
         threshold = self.config.long_prefill_token_threshold
@@ -175,19 +183,13 @@ class Scheduler:
         # Scheduler._update_after_schedule
         requests = state.requests
         scheduled = step.scheduled
-        # C(q) depends on q alone: evaluate it once per distinct q of the step.
-        rows_of: dict[int, int] = {}
-        draft_rows = 0
         for rid, q in scheduled.items():
             request = requests[rid]
             computed = request.num_computed_tokens + q
             request.num_computed_tokens = computed
             # request.num_tokens, inlined
             request.is_prefill_chunk = computed < request.prompt_len + request.num_output_tokens
-            rows = rows_of.get(q)
-            if rows is None:
-                rows = rows_of[q] = int(p.draft_rows(q))
-            draft_rows += rows
+        totals = step_totals(policy, p, scheduled, self._per_q)
 
         finished = state.finished_since_step
         state.finished_since_step = []
@@ -202,32 +204,41 @@ class Scheduler:
             scheduled_spec_tokens=dict(step.spec),
             preempted=list(step.preempted),
             finished=finished,
-            target_tokens=sum(scheduled.values()),
-            draft_rows=draft_rows,
-            budgets_left={
-                "token_budget": int(step.book.ledger.token_budget),
-                "input_budget": int(step.book.ledger.input_budget),
-            },
+            target_tokens=totals.target_rows,
+            draft_rows=totals.draft_rows,
+            budgets_left={"token_budget": step.token_budget, "input_budget": step.input_budget},
         )
-        self._check_contract(step_index, step, record)
+        self._check_contract(step_index, step, record, totals)
         return record
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
-        """The RUNNING loop of ``Scheduler.schedule``."""
+        """The RUNNING loop of ``Scheduler.schedule``.
+
+        The hottest loop of the reference: the request's counters, the ledger and the
+        pool's free blocks live in locals, written back around the rare preemption path.
+        """
         state = self.state
-        running, requests, book = state.running, state.requests, step.book
-        scheduled, scheduled_running = step.scheduled, step.scheduled_running
+        running, requests = state.running, state.requests
+        scheduled, spec = step.scheduled, step.spec
+        mark_running = step.scheduled_running.append
         max_model_len, block_size = self.max_model_len, self.block_size
         lookahead = self.num_lookahead_tokens
+        exhausted, grant, take = self.kernel.exhausted, self.kernel.grant, self.kernel.take
+        token_budget, input_budget = step.token_budget, step.input_budget
+        free_blocks = state.free_blocks
+        done = exhausted(token_budget, input_budget)
         index = 0
-        while index < len(running) and not book.exhausted():
-            request = requests[running[index]]
+        while not done and index < len(running):
+            rid = running[index]
+            request = requests[rid]
             computed = request.num_computed_tokens
+            num_tokens = request.prompt_len + request.num_output_tokens
+            drafts = request.num_drafts
             # request.num_tokens_with_spec, inlined
-            need = request.prompt_len + request.num_output_tokens + request.num_drafts - computed
+            need = num_tokens + drafts - computed
             if 0 < threshold < need:
                 need = threshold
-            q = int(book.grant(need))
+            q = grant(token_budget, input_budget, need)
             # The position cap vLLM applies for spec decoding: keep one slot for the
             # sampled token below max_model_len.
             cap = max_model_len - computed - NUM_SAMPLED_PER_STEP
@@ -240,15 +251,23 @@ class Scheduler:
 
             # kv.blocks_to_allocate and kv.try_allocate, inlined for the common case that
             # the pool has the blocks; otherwise the allocate/preempt loop below.
-            need_slot = min(min(computed, max_model_len) + q + lookahead, max_model_len)
-            wanted = -(-need_slot // block_size) - request.num_blocks
-            if wanted < 0:
-                wanted = 0
-            if wanted <= state.free_blocks:
-                state.free_blocks -= wanted
+            slot = (computed if computed < max_model_len else max_model_len) + q + lookahead
+            if slot > max_model_len:
+                slot = max_model_len
+            wanted = -(-slot // block_size) - request.num_blocks
+            if wanted <= 0:
+                pass
+            elif wanted <= free_blocks:
+                free_blocks -= wanted
                 request.num_blocks += wanted
             else:
+                # Preempting a request scheduled earlier in this step refunds its charge.
+                step.token_budget, step.input_budget = token_budget, input_budget
+                state.free_blocks = free_blocks
                 allocated, index = self._allocate_or_preempt(step, request, q, index)
+                token_budget, input_budget = step.token_budget, step.input_budget
+                done = exhausted(token_budget, input_budget)
+                free_blocks = state.free_blocks
                 if not allocated:
                     if self.semantics == "0.33" and self.priority and request.status == PREEMPTED:
                         # vLLM 0.33 Scheduler.schedule: a priority request that preempted
@@ -258,21 +277,22 @@ class Scheduler:
                         continue
                     break
 
-            rid = request.request_id
-            # _take, inlined: the policy's charge, kept per request by the book.
-            book.schedule(rid, q)
+            # _take, inlined: the policy's charge, and the book's record of it.
+            token_budget, input_budget, done = take(token_budget, input_budget, q)
             scheduled[rid] = q
-            scheduled_running.append(rid)
+            mark_running(rid)
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
             index += 1
-            if request.num_drafts:
+            if drafts:
                 # Drafts past the verified tokens are what this step verifies; the rest are
                 # dropped (vLLM clears spec_token_ids once the request is scheduled).
-                num_spec = q + computed - request.prompt_len - request.num_output_tokens
+                num_spec = q + computed - num_tokens
                 if num_spec > 0:
-                    step.spec[rid] = min(request.num_drafts, num_spec)
+                    spec[rid] = drafts if drafts < num_spec else num_spec
                 request.num_drafts = 0
+        step.token_budget, step.input_budget = token_budget, input_budget
+        state.free_blocks = free_blocks
 
     def _allocate_or_preempt(
         self, step: _Step, request: RequestState, q: int, index: int
@@ -289,12 +309,14 @@ class Scheduler:
             del state.running[victim_index]
             if self.priority and victim_index < index:
                 index -= 1
-            if step.book.is_scheduled(victim.request_id):
+            charged_for = step.scheduled.pop(victim.request_id, None)
+            if charged_for is not None:
                 # Only priority scheduling can pick a victim already scheduled this step
                 # (FCFS takes the last running request, never one before ``request``).
-                # The book refunds exactly what it charged, once.
-                step.book.preempt(victim.request_id)
-                del step.scheduled[victim.request_id]
+                # The book refunds exactly what it charged, once: the record is gone.
+                step.token_budget, step.input_budget = self.kernel.give_back(
+                    step.token_budget, step.input_budget, charged_for
+                )
                 step.spec.pop(victim.request_id, None)
                 step.scheduled_running.remove(victim.request_id)
             self._preempt(victim)
@@ -328,14 +350,14 @@ class Scheduler:
 
     def _schedule_waiting(self, step: _Step, threshold: int) -> None:
         """The WAITING loop of ``Scheduler.schedule``."""
-        state, p, policy = self.state, self.params, self.policy
+        state, kernel = self.state, self.kernel
         k = self.num_spec_tokens
         skipped: list[str] = []
-        while not step.book.exhausted() and state.waiting:
-            if len(state.running) >= policy.max_active_requests(p):
+        while state.waiting and not kernel.exhausted(step.token_budget, step.input_budget):
+            if len(state.running) >= kernel.max_active_requests:
                 break
             request = state.requests[self._peek_waiting()]
-            room = int(policy.room(p, step.book.ledger))
+            room = kernel.room(step.token_budget, step.input_budget)
             need = request.num_tokens - request.num_computed_tokens
             padded = False
             # Scheduler.schedule's pad_spec_decode: a new one-token decode joins a decode
@@ -356,7 +378,7 @@ class Scheduler:
                 need = threshold
             if not self.config.enable_chunked_prefill and need > room:
                 break
-            q = int(step.book.grant(need))
+            q = kernel.grant(step.token_budget, step.input_budget, need)
             if q <= 0:
                 # Unreachable in the subset (the loop guard leaves room >= 1); mirrored for
                 # the branch's sake.
@@ -415,8 +437,11 @@ class Scheduler:
         )
 
     def _take(self, step: _Step, request: RequestState, q: int) -> None:
-        """Schedule ``q`` tokens of ``request``: the policy's charge, kept per request."""
-        step.book.schedule(request.request_id, q)
+        """Schedule ``q >= 1`` tokens of ``request``: the policy's charge, and the book's
+        record of it."""
+        step.token_budget, step.input_budget, _ = self.kernel.take(
+            step.token_budget, step.input_budget, q
+        )
         step.scheduled[request.request_id] = q
 
     # -- after the forward -----------------------------------------------------------
@@ -426,31 +451,33 @@ class Scheduler:
         state = self.state
         last_scheduled, last_spec, requests = state.last_scheduled, state.last_spec, state.requests
         max_model_len = self.max_model_len
-        for rid, num_sampled in event.num_sampled.items():
-            if rid not in last_scheduled:
-                raise InvalidEvent(f"model output for {rid!r}, not scheduled in the last step")
+        sampled = event.num_sampled
+        if not sampled.keys() <= last_scheduled.keys():
+            stray = next(rid for rid in sampled if rid not in last_scheduled)
+            raise InvalidEvent(f"model output for {stray!r}, not scheduled in the last step")
+        for rid, num_sampled in sampled.items():
             num_spec = last_spec.get(rid, 0)
             if not 0 <= num_sampled <= 1 + num_spec:
                 raise InvalidEvent(
                     f"request {rid!r} sampled {num_sampled} tokens; at most 1 + {num_spec}"
                 )
             request = requests[rid]
-            if request.status in FINISHED:
+            if request.status in FINISHED or not num_sampled:
                 continue
-            if num_spec and num_sampled:
-                rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
-                if request.num_computed_tokens > 0:
-                    request.num_computed_tokens -= rejected
-            if not num_sampled:
-                continue
+            if num_spec:
+                computed = request.num_computed_tokens
+                if computed > 0:
+                    rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
+                    request.num_computed_tokens = computed - rejected
             # The tokens are appended one by one, each followed by
             # vllm.v1.core.sched.utils.check_stop (no EOS or stop strings in the subset):
             # stop after the first i >= 1 appended tokens with
             # prompt_len + output + i >= max_model_len or output + i >= max_tokens.
             output = request.num_output_tokens
-            stop_after = min(
-                max_model_len - request.prompt_len - output, request.max_tokens - output
-            )
+            stop_after = max_model_len - request.prompt_len - output
+            to_max_tokens = request.max_tokens - output
+            if to_max_tokens < stop_after:
+                stop_after = to_max_tokens
             if stop_after < 1:
                 stop_after = 1
             if stop_after <= num_sampled:
@@ -464,9 +491,11 @@ class Scheduler:
     def _update_draft_token_ids(self, event: DraftProposals) -> None:
         """``Scheduler.update_draft_token_ids``: a request mid-prefill drops its drafts."""
         requests, k = self.state.requests, self.num_spec_tokens
-        for rid, num_drafts in event.num_drafts.items():
-            if not 0 <= num_drafts <= k:
-                raise InvalidEvent(f"request {rid!r} proposed {num_drafts} drafts; K is {k}")
+        proposed = event.num_drafts
+        if proposed and not 0 <= min(proposed.values()) <= max(proposed.values()) <= k:
+            rid = next(rid for rid, n in proposed.items() if not 0 <= n <= k)
+            raise InvalidEvent(f"request {rid!r} proposed {proposed[rid]} drafts; K is {k}")
+        for rid, num_drafts in proposed.items():
             request = requests.get(rid)
             if request is None or request.status in FINISHED:
                 continue
@@ -489,9 +518,11 @@ class Scheduler:
         state.finished_since_step.append(request_id)
 
     # -- the contract ----------------------------------------------------------------
-    def _check_contract(self, step_index: int, step: _Step, record: StepRecord) -> None:
-        book = step.book
-        found = step_violations(self.policy, self.params, book.ledger, step.scheduled, book.charges)
+    def _check_contract(
+        self, step_index: int, step: _Step, record: StepRecord, totals: StepTotals
+    ) -> None:
+        ledger = Ledger(step.token_budget, step.input_budget)
+        found = step_violations(self.policy, self.params, ledger, totals)
         for violation in found:
             recorded = RecordedViolation(
                 step_index,
@@ -509,11 +540,13 @@ class Scheduler:
             "profile": self.profile.name,
             "record": record.to_json(),
             "opened": {"token_budget": opened.token_budget, "input_budget": opened.input_budget},
-            "charges": {
-                rid: {"tokens": c.tokens, "rows": c.rows} for rid, c in step.book.charges.items()
-            },
+            "charges": {rid: self._charge_json(q) for rid, q in step.scheduled.items()},
             "state": self.state.to_json(),
         }
+
+    def _charge_json(self, q: int) -> dict[str, Any]:
+        charge = self.policy.charge(self.params, q)
+        return {"tokens": charge.tokens, "rows": charge.rows}
 
 
 def transition(

@@ -20,7 +20,7 @@ FINISHED_ABORTED = "finished_aborted"
 FINISHED = (FINISHED_LENGTH, FINISHED_ABORTED)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestState:
     """One request, in the counters of vLLM's ``Request`` (prompt and outputs are lengths:
     token ids never matter to the budgets)."""
@@ -54,7 +54,7 @@ class RequestState:
         return self.status in FINISHED
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerState:
     free_blocks: int
     """Blocks left in the pool (vLLM's ``BlockPool.get_num_free_blocks``)."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test job: lint, types, the core suite (spec, reference, proofs, traces), the mutant
-# suite, then inside each real vLLM (0.32 and 0.33) the live suite and a seeded lockstep
-# fuzz. Installs everything it needs (virtual environments under the repository root).
+# suite, then inside each real vLLM (0.32 and 0.33) the live suite, a seeded lockstep
+# fuzz and the benchmark (its ratio printed, never asserted). Installs everything it
+# needs (virtual environments under the repository root).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$repo"
@@ -30,4 +31,6 @@ for version in 0.32 0.33; do
   echo "== lockstep fuzz against vLLM $version (seed 1)"
   ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 \
     --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"
+  echo "== steps/s of the reference and of vLLM $version (printed, not asserted)"
+  ".venv-vllm-$version/bin/dualbudget" bench --json "out/bench-$version.json"
 done

@@ -7,7 +7,8 @@ twice, nor refunded without having been charged: preempting a request the book h
 charge for (never scheduled this step, or already preempted) refunds nothing.
 
 Written over ``arith`` like the policies: the ledger and the charges may be z3 terms, the
-request ids stay concrete. The proofs run this very class on symbolic ledgers.
+request ids stay concrete. The proofs run this very class on symbolic ledgers; the
+reference runs the formulas of its transitions, compiled for one config (``kernel``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,67 @@
+"""``dualbudget bench`` against the installed vLLM (needs vLLM; see
+docs/vllm-environments.md): the JSON the issue names, figures that were measured (positive,
+the ratio their quotient), and a divergence in its lockstep runs exits 1. Timings are
+printed, never asserted. One workload each, to keep the live suite short."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualbudget.integration import commands
+from dualbudget.integration.live import installed_vllm_version
+from dualbudget.integration.testing import live_profile_name
+
+pytestmark = pytest.mark.live
+
+ALL_WORKLOADS = commands.bench_workloads
+
+
+def _only(method: str) -> Any:
+    def workloads(profile: str) -> list[Any]:
+        chosen = [
+            w
+            for w in ALL_WORKLOADS(profile)
+            if (w.config.speculative_config.method if w.config.speculative_config else "none")
+            == method
+        ]
+        assert len(chosen) == 1
+        return chosen
+
+    return workloads
+
+
+def test_bench_reports_the_rates_it_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = live_profile_name()
+    monkeypatch.setattr(commands, "bench_workloads", _only("eagle3"))
+    out_file = tmp_path / "bench.json"
+    args = argparse.Namespace(json=str(out_file), repeat=2, profile=None)
+    assert commands.bench(args) == 0
+    out = json.loads(out_file.read_text())
+    assert out["vllm_version"] == installed_vllm_version()
+    assert out["profile"] == profile
+    assert out["repeat"] == 2
+    rates = [out[f"{mode}_steps_per_s"] for mode in ("reference", "live", "lockstep")]
+    assert all(rate > 0 for rate in rates)
+    assert out["ratio"] == pytest.approx(rates[0] / rates[1], abs=0.01)
+    [workload] = out["workloads"]
+    assert workload["method"] == "eagle3" and workload["steps"] > 0
+    printed = capsys.readouterr().out
+    assert f"ratio reference/live {out['ratio']}x" in printed
+
+
+def test_bench_stops_at_a_divergence(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The other release's profile on DFlash: its first step differs (see the fuzz tests).
+    other = {"vllm-0.32": "vllm-0.33", "vllm-0.33": "vllm-0.32"}[live_profile_name()]
+    monkeypatch.setattr(commands, "bench_workloads", _only("dflash"))
+    args = argparse.Namespace(json=None, repeat=1, profile=other)
+    assert commands.bench(args) == 1
+    assert f"vLLM diverges from the reference {other} at" in capsys.readouterr().err

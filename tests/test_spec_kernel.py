@@ -1,0 +1,149 @@
+"""The budget kernel (spec/kernel.py): the book's formulas compiled to Python must answer
+exactly what ``StepBook`` and the policy answer on ints, for every policy and layout;
+a formula it cannot translate is refused; and the reference's per-step C2 check catches a
+kernel that moves the ledger wrongly."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import z3
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep
+from dualbudget.reference.scheduler import Scheduler
+from dualbudget.spec.arith import Num, floordiv
+from dualbudget.spec.book import StepBook
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.kernel import UntranslatableFormula, compile_kernel
+from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
+from dualbudget.spec.policies import POLICIES, Additive, Ledger, StepParams
+from dualbudget.spec.profiles import profile_named
+
+budgets = st.integers(min_value=-40, max_value=600)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> tuple[str, StepParams]:
+    policy = draw(st.sampled_from(sorted(POLICIES)))
+    layout = layout_named(draw(st.sampled_from(LAYOUT_NAMES)))
+    b = draw(st.integers(min_value=1, max_value=512))
+    s = draw(st.integers(min_value=1, max_value=600))
+    m = draw(st.integers(min_value=1, max_value=b))
+    k = draw(st.integers(min_value=1, max_value=12))
+    return policy, StepParams(b, s, m, k, layout)
+
+
+@settings(max_examples=400, deadline=None)
+@given(configs(), budgets, budgets, st.integers(min_value=0, max_value=600), st.integers(1, 600))
+def test_the_kernel_answers_what_the_book_answers(
+    config: tuple[str, StepParams], token_budget: int, input_budget: int, need: int, q: int
+) -> None:
+    name, p = config
+    policy = POLICIES[name]
+    kernel = compile_kernel(policy, p)
+    ledger = Ledger(token_budget, input_budget)
+    book = StepBook(policy, p, ledger)
+    opened = policy.open(p)
+    assert kernel.opened == (opened.token_budget, opened.input_budget)
+    assert kernel.max_active_requests == policy.max_active_requests(p)
+    assert kernel.exhausted(token_budget, input_budget) == book.exhausted()
+    assert kernel.room(token_budget, input_budget) == policy.room(p, ledger)
+    assert kernel.grant(token_budget, input_budget, need) == book.grant(need)
+
+    book.schedule("r", q)
+    after = book.ledger
+    assert kernel.take(token_budget, input_budget, q) == (
+        after.token_budget,
+        after.input_budget,
+        book.exhausted(),
+    )
+    # Preempting what was just scheduled gives back exactly its charge.
+    assert kernel.give_back(after.token_budget, after.input_budget, q) == (
+        token_budget,
+        input_budget,
+    )
+    book.preempt("r")
+    assert book.ledger == ledger
+
+
+def test_the_kernel_is_the_formula_in_python() -> None:
+    # vLLM 0.32 on DFlash, K = 4: 4 draft slots per request.
+    kernel = compile_kernel(
+        POLICIES["additive"], StepParams(512, 512, 64, 4, layout_named("dflash"))
+    )
+    assert "input_budget <= ((1 * 4) + 0)" in kernel.source  # K slots, as the table has it
+    assert kernel.grant(100, 10, 50) == 6
+    assert kernel.take(100, 10, 6) == (94, 0, True)
+    assert kernel.exhausted(100, 4) and not kernel.exhausted(100, 5)
+
+
+def test_one_config_compiles_once() -> None:
+    p = StepParams(64, 64, 8, 3, layout_named("eagle"))
+    again = dataclasses.replace(p)
+    assert compile_kernel(POLICIES["dual"], p) is compile_kernel(POLICIES["dual"], again)
+    assert compile_kernel(POLICIES["dual"], p) is not compile_kernel(POLICIES["additive"], p)
+
+
+class _DividesByTheLedger(Additive):
+    def room(self, p: StepParams, ledger: Ledger) -> Num:
+        return floordiv(ledger.token_budget, ledger.input_budget)
+
+
+def test_a_formula_it_cannot_translate_is_refused() -> None:
+    p = StepParams(64, 64, 8, 3, layout_named("eagle"))
+    with pytest.raises(UntranslatableFormula, match="no translation"):
+        compile_kernel(_DividesByTheLedger(), p)
+
+
+class _ReadsAForeignSymbol(Additive):
+    def room(self, p: StepParams, ledger: Ledger) -> Num:
+        return ledger.token_budget - z3.Int("secret")
+
+
+def test_a_symbol_that_is_not_an_argument_or_a_config_number_is_refused() -> None:
+    p = StepParams(64, 64, 8, 3, layout_named("eagle"))
+    with pytest.raises(UntranslatableFormula, match="'secret'"):
+        compile_kernel(_ReadsAForeignSymbol(), p)
+
+
+def test_a_symbolic_config_is_refused() -> None:
+    p = StepParams(64, 64, 8, z3.Int("K"), layout_named("eagle"))
+    with pytest.raises(TypeError, match="concrete config"):
+        compile_kernel(POLICIES["additive"], p)
+
+
+def _run(scheduler: Scheduler) -> Any:
+    for i in range(4):
+        scheduler.handle(AddRequest(str(i), 40, 4))
+    record = scheduler.handle(ScheduleStep())
+    scheduler.handle(ModelOutput({rid: 1 for rid in record.num_scheduled_tokens}))
+    return record
+
+
+def test_the_contract_check_catches_a_kernel_that_charges_wrongly() -> None:
+    config = EngineConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        max_model_len=256,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig("dflash", 3, True),
+    )
+    honest = Scheduler(config, profile_named("vllm-0.32"), check="record")
+    _run(honest)
+    assert honest.violations == []
+
+    wrong = Scheduler(config, profile_named("vllm-0.32"), check="record")
+    right_take = wrong.kernel.take
+
+    def forgets_the_slots(token_budget: int, input_budget: int, q: int) -> Any:
+        tb, _, _ = right_take(token_budget, input_budget, q)
+        return tb, input_budget - q, tb <= 0
+
+    wrong.kernel = dataclasses.replace(wrong.kernel, take=forgets_the_slots)
+    _run(wrong)
+    assert [v.contract for v in wrong.violations] == ["C2"]
