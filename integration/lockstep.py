@@ -15,6 +15,7 @@ tables), so the first divergence is written as a scenario file that ``dualbudget
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -46,7 +47,7 @@ from dualbudget.reference.scenario import (
 from dualbudget.reference.scheduler import Scheduler, UnmirroredVllmCrash
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
-from dualbudget.spec.policies import Charge, Ledger, Policy, StepParams
+from dualbudget.spec.kernel import BudgetKernel
 from dualbudget.spec.profiles import profile_named
 
 from .live import LiveScheduler, Unsupported
@@ -66,30 +67,30 @@ preemption, a preemption of a request already scheduled in the same step, a new 
 padded to 1 + K, a step output rejecting drafts, a grant cut at max_model_len."""
 
 
-class InstrumentedPolicy:
-    """A policy that counts what the reference asks of it; decides nothing itself.
+class KernelCounters:
+    """Counts what the reference asks of its budget kernel (``spec.kernel``); decides
+    nothing itself: ``kernel`` is the reference's own, its answers passed through.
 
     ``input_bound``: grants cut below ``min(need, token_budget)``, i.e. by the
-    draft/input budget. ``refunds``: refunds of a request already scheduled this step.
+    draft/input budget. ``refunds``: refunds of a request already scheduled this step
+    (the kernel's ``give_back``, which only that preemption calls).
     """
 
-    def __init__(self, policy: Policy) -> None:
-        self._policy = policy
+    def __init__(self, kernel: BudgetKernel) -> None:
         self.input_bound = 0
         self.refunds = 0
+        self._grant, self._give_back = kernel.grant, kernel.give_back
+        self.kernel = dataclasses.replace(kernel, grant=self.grant, give_back=self.give_back)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
-
-    def grant(self, p: StepParams, ledger: Ledger, need: int) -> int:
-        q = int(self._policy.grant(p, ledger, need))
-        if q < min(need, int(ledger.token_budget)):
+    def grant(self, token_budget: int, input_budget: int, need: int) -> int:
+        q = self._grant(token_budget, input_budget, need)
+        if q < min(need, token_budget):
             self.input_bound += 1
         return q
 
-    def refund(self, ledger: Ledger, charge: Charge) -> Ledger:
+    def give_back(self, token_budget: int, input_budget: int, q: int) -> tuple[int, int]:
         self.refunds += 1
-        return self._policy.refund(ledger, charge)
+        return self._give_back(token_budget, input_budget, q)
 
 
 @dataclass
@@ -205,8 +206,8 @@ class Lockstep:
                 f"refuses: {ref_error}" if ref_error else "accepts",
                 f"refuses: {live_error}" if live_error else "accepts",
             )
-        self.policy = InstrumentedPolicy(self.reference.policy)
-        self.reference.policy = self.policy  # type: ignore[assignment]
+        self.counters = KernelCounters(self.reference.kernel)
+        self.reference.kernel = self.counters.kernel
         self.construction = self.live.construction
 
     # -- what the caller does -----------------------------------------------------------
@@ -251,7 +252,7 @@ class Lockstep:
             rid: (state.requests[rid].num_computed_tokens, state.requests[rid].num_tokens_with_spec)
             for rid in state.running
         }
-        input_bound, refunds = self.policy.input_bound, self.policy.refunds
+        input_bound, refunds = self.counters.input_bound, self.counters.refunds
         record, live = self._schedule()
         self._count(record, before, input_bound, refunds)
 
@@ -328,8 +329,8 @@ class Lockstep:
         refunds: int,
     ) -> None:
         cov, state = self.coverage, self.reference.state
-        cov["input_budget_bound"] += self.policy.input_bound > input_bound
-        cov["preempt_scheduled"] += self.policy.refunds - refunds
+        cov["input_budget_bound"] += self.counters.input_bound > input_bound
+        cov["preempt_scheduled"] += self.counters.refunds - refunds
         cov["preemption"] += len(record.preempted)
         cov["padded_decode"] += len(state.last_padded)
         limit = self.config.max_model_len
