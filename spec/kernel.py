@@ -1,18 +1,21 @@
-"""The step book's transitions on one concrete config, compiled from the formulas its own
-code builds.
+"""The step book's transitions on one config, compiled from the formulas its own code
+builds.
 
 The reference asks the book about every request of every step: is the step exhausted,
 how many tokens does this request get, what does scheduling it leave in the ledger. Run
 through the generic code (ledger and charge objects, method chains, ``arith`` dispatch),
 those three questions cost more than everything else the reference does for a request.
 
-So the reference runs their formulas instead. For a concrete ``StepParams``,
-``compile_kernel`` runs ``StepBook``'s own ``exhausted``, ``grant``, ``room``,
-``schedule`` and ``preempt`` (and through them the policy's methods) once, on z3 symbols
-for the ledger and the request: the very formulas the proofs check. Each formula is then
-translated node for node into a Python function of ints. Nothing is restated by hand: a
-change to a policy or to the book reaches the kernel when it is next compiled, and a
-formula with a construct the translator does not know is refused, never approximated.
+So the reference runs their formulas instead. Once per policy and method layout,
+``StepBook``'s own ``exhausted``, ``grant``, ``schedule`` and ``preempt`` (and through
+them the policy's methods, ``room`` among them) run on z3 symbols for the ledger, the
+request and the config numbers, as the proofs run them: the very formulas the proofs
+check. Each formula is translated node for node into Python source, the config numbers
+left as slots; ``compile_kernel`` fills in one config's numbers and compiles it (under a
+millisecond). Nothing is restated by hand: a change to a policy or to the book reaches the
+kernel when it is next compiled, and a formula with a construct the translator does not
+know is refused, never approximated. The translator is tested, not proved
+(``tests/test_spec_kernel.py``).
 
 The kernel's functions take and return plain ints (the ledger as ``token_budget,
 input_budget``); the caller keeps the book's record (which request was scheduled with how
