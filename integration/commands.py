@@ -284,7 +284,7 @@ BENCH_TARGET_RATIO = 10
 
 
 class _Diverged(Exception):
-    pass
+    """vLLM decided otherwise than the reference whose events a bench run replays."""
 
 
 def _time_stream(scenario: Any, profile: str, mode: str, stream: list[list[Any]]) -> float:

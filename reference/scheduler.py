@@ -99,8 +99,8 @@ class Scheduler:
         # The book's transitions (and the policy's rules under them) on this config,
         # compiled from the formulas the proofs check: see spec/kernel.py.
         self.kernel = compile_kernel(self.policy, self.params)
+        # The spec's charge and C(q) per q, for the contract check of every step.
         self._per_q: dict[int, tuple[int, int, int]] = {}
-        """The spec's charge and ``C(q)`` per ``q``, for the contract check of every step."""
         self.check: CheckMode = check
         self.scenario = scenario
         self.semantics = profile.vllm_version or "0.33"
@@ -255,11 +255,10 @@ class Scheduler:
             if slot > max_model_len:
                 slot = max_model_len
             wanted = -(-slot // block_size) - request.num_blocks
-            if wanted <= 0:
-                pass
-            elif wanted <= free_blocks:
-                free_blocks -= wanted
-                request.num_blocks += wanted
+            if wanted <= free_blocks:
+                if wanted > 0:
+                    free_blocks -= wanted
+                    request.num_blocks += wanted
             else:
                 # Preempting a request scheduled earlier in this step refunds its charge.
                 step.token_budget, step.input_budget = token_budget, input_budget
