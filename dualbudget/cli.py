@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="steps/s of the reference, the live vLLM, lockstep")
     bench.add_argument("--json", metavar="FILE")
     bench.add_argument(
-        "--repeat", type=_positive_int, default=5, metavar="N",
-        help="timed runs per workload and mode; the median is reported",
+        "--repeat", type=_positive_int, default=None, metavar="N",
+        help="timed runs per workload and mode (default 5); the median is reported",
     )  # fmt: skip
     bench.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
     bench.set_defaults(run="dualbudget.integration.commands:bench")

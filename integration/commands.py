@@ -255,6 +255,12 @@ def bench_workloads(profile: str) -> list[Any]:
     return workloads
 
 
+def workload_method(scenario: Any) -> str:
+    """A bench workload's name: its speculative method, or ``none``."""
+    spec = scenario.config.speculative_config
+    return str(spec.method) if spec else "none"
+
+
 def _record_events(scenario: Any) -> list[list[Any]]:
     """The event stream of a reference run, step by step (each list ends with the
     step's ModelOutput/DraftProposals)."""
@@ -336,8 +342,7 @@ def bench(args: argparse.Namespace) -> int:
     rows = []
     for scenario in bench_workloads(profile):
         stream = _record_events(scenario)
-        spec = scenario.config.speculative_config
-        method = spec.method if spec else "none"
+        method = workload_method(scenario)
         runs: dict[str, list[float]] = {mode: [] for mode in modes}
         # Interleaved, so that a slow spell of the machine falls on every mode alike.
         for _ in range(repeat):

@@ -23,12 +23,7 @@ ALL_WORKLOADS = commands.bench_workloads
 
 def _only(method: str) -> Any:
     def workloads(profile: str) -> list[Any]:
-        chosen = [
-            w
-            for w in ALL_WORKLOADS(profile)
-            if (w.config.speculative_config.method if w.config.speculative_config else "none")
-            == method
-        ]
+        chosen = [w for w in ALL_WORKLOADS(profile) if commands.workload_method(w) == method]
         assert len(chosen) == 1
         return chosen
 
