@@ -39,6 +39,15 @@ class SpeculativeConfig:
     def layout(self) -> MethodLayout:
         return layout_for(self.method, self.parallel_drafting, self.dspark_layout)
 
+    @classmethod
+    def for_layout(cls, layout: MethodLayout, k: int) -> SpeculativeConfig:
+        """The ``speculative_config`` that takes ``layout``'s row of the method table: the
+        one home of layout -> config, for the proofs' witnesses, the fuzz and the tests.
+        Where the table leaves ``parallel_drafting`` to vLLM (DFlash, DSpark: None), vLLM
+        forces it on, so it is given as True."""
+        parallel = True if layout.parallel_drafting is None else layout.parallel_drafting
+        return cls(layout.speculative_method, k, parallel, layout.dspark_layout)
+
 
 @dataclass(frozen=True)
 class EngineConfig:

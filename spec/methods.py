@@ -63,6 +63,13 @@ class MethodLayout:
     """Where the draft rows come from."""
 
     @property
+    def speculative_method(self) -> str:
+        """The ``speculative_config.method`` the project builds this row with: eagle3 for
+        the eagle rows (the drafter vLLM builds from a config-only folder), else the
+        row's first method."""
+        return "eagle3" if "eagle3" in self.methods else self.methods[0]
+
+    @property
     def drafts_in_own_pass(self) -> bool:
         """DFlash and DSpark: the drafter runs a separate query pass of its own rows."""
         return any(method in ("dflash", "dspark") for method in self.methods)
