@@ -14,11 +14,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from dualbudget.spec.contract import CONTRACT_IDS
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import PROFILE_NAMES
 
-CONTRACTS = ("C1", "C2", "C3", "C4", "C5", "C6")
+FUZZ_EXAMPLES = 200
+"""The examples of a fuzz, ``dualbudget fuzz`` and ``dualbudget check`` alike: every
+(method, aim) unit gets its share (``integration.fuzz.shares``); about a minute on a
+2-core machine, most of it vLLM's one-off import and model inspection."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +50,19 @@ def _nonnegative_float(text: str) -> float:
     return value
 
 
+def _live_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fuzz's flags that ``fuzz`` and ``check`` share."""
+    parser.add_argument(
+        "--scheduler-cls", metavar="MODULE.CLASS",
+        help="check this vLLM Scheduler subclass (module:Class or module.Class, as vLLM's"
+        " --scheduler-cls) instead of vLLM's own",
+    )  # fmt: skip
+    parser.add_argument(
+        "--jobs", type=_positive_int, default=None, metavar="N",
+        help="worker processes of the fuzz (default: one per core); any N, the same result",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dualbudget", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -71,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     prove = sub.add_parser("prove", help="prove every policy against the contract with z3")
     prove.add_argument("--profile", action="append", choices=PROFILE_NAMES)
     prove.add_argument("--layout", action="append", choices=LAYOUT_NAMES)
-    prove.add_argument("--only", action="append", choices=CONTRACTS, metavar="CONTRACT")
+    prove.add_argument("--only", action="append", choices=CONTRACT_IDS, metavar="CONTRACT")
     prove.add_argument("--mutants", action="store_true", help="also run the mutant suite")
     prove.add_argument("--json", metavar="FILE")
     prove.add_argument("--junit", metavar="FILE")
@@ -79,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     prove.set_defaults(run="dualbudget.proofs.commands:prove")
 
     fuzz = sub.add_parser("fuzz", help="lockstep-fuzz the installed vLLM against the reference")
-    fuzz.add_argument("--examples", type=_positive_int, default=100)
+    fuzz.add_argument("--examples", type=_positive_int, default=FUZZ_EXAMPLES)
     fuzz.add_argument("--seed", type=int, default=0)
     fuzz.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
     fuzz.add_argument("--max-seconds", type=_nonnegative_float)
@@ -90,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument(
         "--no-coverage-gate", action="store_true", help="do not fail on a coverage counter at 0"
     )
-    fuzz.set_defaults(run="dualbudget.integration.commands:fuzz")
+    _live_arguments(fuzz)
+    fuzz.set_defaults(run="dualbudget.fuzz_cli:fuzz")
 
     bench = sub.add_parser("bench", help="steps/s of the reference, the live vLLM, lockstep")
     bench.add_argument("--json", metavar="FILE")
@@ -103,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="the main job: proofs, a short fuzz, one verdict")
     check.add_argument(
-        "--fuzz-examples", type=_positive_int, default=200, help="examples of the fuzz"
+        "--fuzz-examples", type=_positive_int, default=FUZZ_EXAMPLES, help="examples of the fuzz"
     )
     check.add_argument(
         "--fuzz-seconds", type=_nonnegative_float, default=180.0, help="time cap of the fuzz"
@@ -111,7 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=1)
     check.add_argument("--json", metavar="FILE")
     check.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")
-    check.set_defaults(run="dualbudget.integration.commands:check")
+    _live_arguments(check)
+    check.set_defaults(run="dualbudget.check:check")
+
+    mutate = sub.add_parser("mutate", help="plant budget bugs in the installed vLLM, fuzz each")
+    mutate.add_argument("--json", metavar="FILE")
+    mutate.add_argument("--operators", nargs="+", metavar="OP", help="default: all")
+    mutate.add_argument("--examples", type=_positive_int, help="fuzz examples per mutant")
+    mutate.add_argument("--seed", type=int, default=1)
+    mutate.add_argument("--jobs", type=_positive_int, help="worker processes (default: cores)")
+    mutate.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
+    mutate.add_argument("--out-dir", metavar="DIR", help="where the killers' scenarios go")
+    mutate.set_defaults(run="dualbudget.mutate_cli:mutate")
 
     from dualbudget.simulate_cli import add_arguments
 
@@ -125,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--quick", action="store_true", help="smaller workloads, no proofs")
     report.add_argument(
         "--fuzz-json", metavar="FILE", help="a `dualbudget fuzz --json` result to include"
+    )
+    report.add_argument(
+        "--calibration",
+        metavar="NAME",
+        help="the step-time model's calibration, as `dualbudget simulate --calibration`",
     )
     report.set_defaults(run="dualbudget.report:report")
     return parser

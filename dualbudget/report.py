@@ -1,10 +1,11 @@
 """``dualbudget report --out DIR``: the design-review document of a budget change.
 
 One Markdown file (``DIR/design-review.md``) with its plots beside it: the contract
-C1-C6, the proof verdicts (profiles x layouts x contract items, with the findings and
-their witness scenarios), the trace-replay status of the bundled traces and whether a vLLM
-is installed for the differential suite, and the simulation table on the standard
-workloads.
+C1-C6, the profiles (the releases and the upstream proposals), the proof verdicts
+(profiles x layouts x contract items, with the findings and their witness scenarios), the
+trace-replay status of the bundled traces and whether a vLLM is installed for the
+differential suite, and the simulation table on the standard workloads under a named
+calibration of the step-time model.
 """
 
 from __future__ import annotations
@@ -19,9 +20,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dualbudget.reference.simulate import SimResult, StepTimeModel
+from dualbudget.cli import FUZZ_EXAMPLES
+from dualbudget.reference.simulate import (
+    CALIBRATIONS,
+    DEFAULT_CALIBRATION,
+    DEFAULT_PROFILES,
+    SimResult,
+    calibration_named,
+)
 from dualbudget.reference.workload import preset
+from dualbudget.spec.contract import contract_markdown
 from dualbudget.spec.errors import BadInput
+from dualbudget.spec.profiles import PROFILES, PROPOSAL_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "tests" / "data" / "traces"
@@ -31,21 +41,9 @@ STANDARD_WORKLOADS = (
     ("dspark-bench", "high concurrency, short prompts, the DSpark preset"),
     ("chat-poisson", "mixed, trace-shaped (Poisson arrivals, lognormal chat lengths)"),
 )
-PROFILES = ("vllm-0.32", "vllm-0.33", "dual")
 
-CONTRACT = """\
-- **C1 nonnegative**: every budget the policy keeps is `>= 0` after every decision.
-- **C2 conservation**: each budget equals its opening value minus what the scheduled
-  requests were charged; a preempted request's refund is exactly its charge, once.
-- **C3 buffer peak**: `T <= S <= B` and `D <= B`, i.e. `max(T, D) <= B` (unsafe if broken:
-  the model runner's input buffer overflows on the GPU).
-- **C4 progress**: a config the policy accepts can always schedule at least one token of a
-  runnable request in an empty step (no budget deadlock).
-- **C5 tightness** (efficiency): when a request gets fewer tokens than it needs, one more
-  would break C3 or another hard limit (a failure is capacity left on the table).
-- **C6 dominance**: on the same queue in the same order, a relaxation of a policy schedules
-  at least as many tokens.
-"""
+REPORT_PROFILES = (*DEFAULT_PROFILES, *PROPOSAL_NAMES)
+"""The releases and ``dual``, then the upstream proposals, on every standard workload."""
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
@@ -116,6 +114,42 @@ def proofs_section(out: Path) -> list[str]:
     return lines
 
 
+def profiles_section() -> list[str]:
+    """Every profile of spec/profiles.py: the releases, the project's own ``dual``, and the
+    upstream proposals with the thread each cites."""
+    rows = [["profile", "policy", "vLLM release", "what it does"]]
+    for profile in PROFILES.values():
+        rows.append(
+            [
+                f"`{profile.name}`",
+                f"`{profile.policy.name}`",
+                profile.vllm_version or "none",
+                profile.summary,
+            ]
+        )
+    return [
+        "## The profiles",
+        "",
+        "The budget rules the proofs check and the reference runs (`spec/profiles.py`); a"
+        " profile without a release is a proposal or the project's own `dual`.",
+        "",
+        _table(rows),
+        "",
+    ]
+
+
+def calibration_lines(name: str) -> list[str]:
+    """The calibration in use, and the others there are, each with its provenance."""
+    used = calibration_named(name)
+    lines = [f"Step-time calibration in use: **{used.name}**.", ""]
+    lines += [f"- {note}" for note in used.notes()]
+    others = [c for c in CALIBRATIONS.values() if c.name != used.name]
+    if others:
+        lines += ["", "Other calibrations (`dualbudget simulate --calibration NAME`):", ""]
+        lines += [f"- {c.notes()[0]}" for c in others]
+    return [*lines, ""]
+
+
 def traces_section(fuzz_json: Path | None = None) -> list[str]:
     from dualbudget.reference.replay import replay_trace
     from dualbudget.reference.trace import read_trace
@@ -168,8 +202,8 @@ def differential_lines(fuzz_json: Path | None) -> list[str]:
         where = "A vLLM is importable here, but" if vllm else "No vLLM is installed here, so"
         return [
             f"{where} the live lockstep differential fuzz is **not in this document**: run"
-            " `dualbudget fuzz --examples 200 --seed 1 --json F` (or `dualbudget check`) in"
-            " a vLLM environment and pass `--fuzz-json F`."
+            f" `dualbudget fuzz --examples {FUZZ_EXAMPLES} --seed 1 --json F` (or"
+            " `dualbudget check`) in a vLLM environment and pass `--fuzz-json F`."
         ]
     try:
         result = json.loads(fuzz_json.read_text())
@@ -197,18 +231,22 @@ def differential_lines(fuzz_json: Path | None) -> list[str]:
     return lines
 
 
-def simulation_section(out: Path, seed: int, quick: bool) -> list[str]:
+def simulation_section(
+    out: Path, seed: int, quick: bool, calibration: str = DEFAULT_CALIBRATION
+) -> list[str]:
     from dualbudget.plots import write_plots
     from dualbudget.simulate_cli import TIME_NOTE, run_profiles, table_rows
 
-    model = StepTimeModel()
+    model = calibration_named(calibration).model
     lines = [
         "## Simulation on the standard workloads",
         "",
-        f"Profiles {', '.join(PROFILES)}; ratios against {PROFILES[0]}. Step time model"
-        f" t = {model.a:g} s + {model.b:g} s*T + {model.c:g} s*D (columns marked * use it)."
+        f"Profiles {', '.join(REPORT_PROFILES)}; ratios against {REPORT_PROFILES[0]}."
+        f" Step time model t = {model.a:g} s + {model.b:g} s*T + {model.c:g} s*D,"
+        f" calibration {calibration} (columns marked * use it)."
         f" {TIME_NOTE}",
         "",
+        *calibration_lines(calibration),
     ]
     for name, label in STANDARD_WORKLOADS:
         workload = preset(name)
@@ -216,7 +254,10 @@ def simulation_section(out: Path, seed: int, quick: bool) -> list[str]:
             workload = replace(workload, num_requests=min(workload.num_requests, 64))
         scenario = workload.scenario(seed)
         started = time.perf_counter()
-        results: list[SimResult] = run_profiles(scenario, PROFILES, quiet=True)
+        refused: list[str] = []
+        results: list[SimResult] = run_profiles(
+            scenario, REPORT_PROFILES, quiet=True, refused=refused
+        )
         wall = time.perf_counter() - started
         plots = write_plots(results, out, prefix=f"{name}-")
         rows = table_rows(results, model)
@@ -235,6 +276,7 @@ def simulation_section(out: Path, seed: int, quick: bool) -> list[str]:
             for r in results
             for v in r.violations
         ]
+        broken += [f"- REFUSED {line}" for line in refused]
         lines += [*broken, *([""] if broken else [])]
         lines += [f"![{p.stem}]({p.name})" for p in plots]
         lines.append("")
@@ -251,21 +293,27 @@ def report(args: argparse.Namespace) -> int:
     lines: list[str] = [
         "# Design review: token budgets under speculative decoding",
         "",
-        "Generated by `dualbudget report`. Sections: the contract, the proof verdicts, the"
-        " differential and trace-replay status, the simulation on standard workloads.",
+        "Generated by `dualbudget report`. Sections: the contract, the profiles, the proof"
+        " verdicts, the differential and trace-replay status, the simulation on standard"
+        " workloads.",
         "",
         "## The contract",
         "",
-        CONTRACT,
+        contract_markdown(),
+        *profiles_section(),
     ]
+    calibration = args.calibration or DEFAULT_CALIBRATION
+    calibration_named(calibration)  # an unknown name is bad input before any work
     sections: list[tuple[str, Any]] = []
     if args.quick:
         lines += ["## Proof verdicts", "", "Not run (`--quick`).", ""]
     else:
         sections.append(("proofs", lambda: proofs_section(out)))
-    fuzz_json = Path(args.fuzz_json) if getattr(args, "fuzz_json", None) else None
+    fuzz_json = Path(args.fuzz_json) if args.fuzz_json else None
     sections.append(("traces", lambda: traces_section(fuzz_json)))
-    sections.append(("simulation", lambda: simulation_section(out, args.seed, args.quick)))
+    sections.append(
+        ("simulation", lambda: simulation_section(out, args.seed, args.quick, calibration))
+    )
     for name, build in sections:
         t0 = time.perf_counter()
         print(f"report: {name} ...", file=sys.stderr, flush=True)

@@ -25,12 +25,21 @@ from dualbudget.reference.scenario import (
     parse_config,
     validate,
 )
-from dualbudget.reference.simulate import SimResult, StepTimeModel, ratios, simulate, to_json
+from dualbudget.reference.simulate import (
+    CALIBRATIONS,
+    DEFAULT_CALIBRATION,
+    DEFAULT_PROFILES,
+    Calibration,
+    SimResult,
+    StepTimeModel,
+    calibration_named,
+    ratios,
+    simulate,
+    to_json,
+)
 from dualbudget.reference.trace import read_trace, scenario_from_trace
 from dualbudget.reference.workload import preset
 from dualbudget.spec.errors import BadInput
-
-DEFAULT_PROFILES = ("vllm-0.32", "vllm-0.33", "dual")
 
 TIME_NOTE = (
     "Step counts, rows and their ratios are exact consequences of the policies; seconds come"
@@ -53,9 +62,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
     p.add_argument("--max-num-seqs", type=int, metavar="N")
     p.add_argument("--speculative-config", metavar="JSON", help="as vLLM takes it")
-    p.add_argument("--step-time-a", type=float, default=StepTimeModel.a, metavar="S")
-    p.add_argument("--step-time-b", type=float, default=StepTimeModel.b, metavar="S")
-    p.add_argument("--step-time-c", type=float, default=StepTimeModel.c, metavar="S")
+    p.add_argument(
+        "--calibration",
+        metavar="NAME",
+        default=DEFAULT_CALIBRATION,
+        help=f"the step-time coefficients: {', '.join(CALIBRATIONS)} (default"
+        f" {DEFAULT_CALIBRATION})",
+    )
+    for name in ("a", "b", "c"):
+        p.add_argument(
+            f"--step-time-{name}",
+            type=float,
+            metavar="S",
+            help="override this coefficient of the calibration (seconds)",
+        )
     p.add_argument("--max-steps", type=int, help="stop each run after N steps")
     p.add_argument("--jobs", type=int, help="processes (default: min(cores, profiles))")
     p.add_argument("--json", metavar="FILE")
@@ -106,11 +126,26 @@ def check_profiles(names: Sequence[str]) -> None:
         profile_named(name)  # raises UnknownProfile (BadInput)
 
 
-def time_model(args: argparse.Namespace) -> StepTimeModel:
+def time_model(args: argparse.Namespace) -> Calibration:
+    """The calibration named by ``--calibration``, with any ``--step-time-X`` replacing
+    its coefficient (then named ``custom``, so no output passes it off as the named one)."""
+    calibration = calibration_named(args.calibration)
+    given: dict[str, float] = {}
     for name in ("a", "b", "c"):
-        if getattr(args, f"step_time_{name}") < 0:
+        value = getattr(args, f"step_time_{name}", None)
+        if value is None:
+            continue
+        if value < 0:
             raise BadInput(f"--step-time-{name}: must be >= 0")
-    return StepTimeModel(args.step_time_a, args.step_time_b, args.step_time_c)
+        given[name] = value
+    if not given:
+        return calibration
+    flags = ", ".join(f"--step-time-{name}" for name in given)
+    return Calibration(
+        "custom",
+        replace(calibration.model, **given),
+        f"{calibration.name} with {flags} from the command line",
+    )
 
 
 def _progress(profile: str, steps: int, finished: int, total: int) -> None:
@@ -165,7 +200,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     profiles = list(args.profile or DEFAULT_PROFILES)
     check_profiles(profiles)
-    model = time_model(args)
+    calibration = time_model(args)
     if args.max_steps is not None and args.max_steps < 1:
         raise BadInput("--max-steps: must be >= 1")
     if args.jobs is not None and args.jobs < 1:
@@ -181,7 +216,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         refused=refused,
     )
     wall = time.perf_counter() - started
-    print_report(name, scenario, results, model, sys.stdout)
+    print_report(name, scenario, results, calibration, sys.stdout)
     for line in refused:
         print(f"REFUSED {line}")
     print(
@@ -189,7 +224,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         f" (per profile: {', '.join(f'{r.profile} {r.wall_seconds:.1f} s' for r in results)})"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(to_json(name, results), indent=1) + "\n")
+        document = to_json(name, results, calibration)
+        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
     if args.plot:
         from dualbudget.plots import write_plots
 
@@ -265,10 +301,11 @@ def print_report(
     name: str,
     scenario: Scenario,
     results: Sequence[SimResult],
-    model: StepTimeModel,
+    calibration: Calibration,
     out: TextIO,
 ) -> None:
     config = scenario.config
+    model = calibration.model
     print(
         f"workload: {name}: {len(scenario.requests)} requests,"
         f" B={config.max_num_batched_tokens}, max_num_seqs={config.max_num_seqs},"
@@ -277,9 +314,11 @@ def print_report(
     )
     print(
         f"step time model: t = {model.a:g} s + {model.b:g} s*T + {model.c:g} s*D"
-        " (* = predicted by it)",
+        f" (* = predicted by it), calibration {calibration.name}",
         file=out,
     )
+    for line in calibration.notes():
+        print(f"  {line}", file=out)
     rows = table_rows(results, model)
     # Transposed: one column per profile reads better in a terminal.
     width = max(len(row[0]) for row in zip(*rows, strict=True))

@@ -1,7 +1,8 @@
-"""``dualbudget fuzz``, ``dualbudget bench`` and ``dualbudget check``.
+"""``dualbudget fuzz`` and ``dualbudget bench``: the stages that drive the installed vLLM.
 
-Exit codes: 0 all agreed (and, for fuzz, every coverage counter above zero), 1 a
-divergence, an unknown contract finding, zero coverage or a failed proof, 2 bad input
+Each stage takes typed parameters (``FuzzOptions``); the command line (``dualbudget/``)
+fills them from its flags. Exit codes: 0 all agreed (and, for fuzz, every coverage counter
+above zero), 1 a divergence, an unknown contract finding or zero coverage, 2 bad input
 (including a missing vLLM: there is nothing to check against).
 """
 
@@ -14,14 +15,24 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dualbudget.reference.events import Event
+from dualbudget.reference.scenario import Scenario
 from dualbudget.spec.errors import BadInput
+from dualbudget.spec.methods import LAYOUT_NAMES
+
+if TYPE_CHECKING:  # both import Hypothesis: loaded only when the fuzz runs
+    from .fuzz import FuzzResult
+    from .machine import FindingKey
+
+DEFAULT_OUT_DIR = "fuzz-divergences"
+"""Where divergence and finding scenarios go."""
 
 
-def _quiet_vllm() -> None:
+def quiet_vllm() -> None:
     # vLLM logs config warnings for every scheduler it builds; keep errors only.
     import os
 
@@ -29,12 +40,13 @@ def _quiet_vllm() -> None:
     logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
-def _write_json(path: str | None, obj: dict[str, Any]) -> None:
+def write_json(path: str | Path | None, obj: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def _vllm_or_exit(command: str) -> str | None:
+def vllm_or_exit(command: str) -> str | None:
+    """The installed vLLM's version; None, after one line on stderr, without vLLM."""
     from .live import installed_vllm_version
 
     version = installed_vllm_version()
@@ -47,12 +59,12 @@ def _vllm_or_exit(command: str) -> str | None:
     return version
 
 
-def _profile(args: argparse.Namespace) -> tuple[str, str]:
-    """(profile, how it was chosen)."""
+def choose_profile(profile: str | None) -> tuple[str, str]:
+    """(profile, how it was chosen): ``profile`` if given, else detected."""
     from .detect import DetectionFailed, detect
 
-    if getattr(args, "profile", None):
-        return args.profile, "--profile"
+    if profile:
+        return profile, "--profile"
     try:
         found = detect()
     except DetectionFailed as err:
@@ -61,40 +73,67 @@ def _profile(args: argparse.Namespace) -> tuple[str, str]:
 
 
 # -- fuzz -----------------------------------------------------------------------------
-def fuzz(args: argparse.Namespace) -> int:
-    _quiet_vllm()
-    version = _vllm_or_exit("fuzz")
+@dataclass(frozen=True)
+class FuzzOptions:
+    """One ``dualbudget fuzz`` run (``run_fuzz_stage``)."""
+
+    examples: int
+    seed: int
+    known_findings: frozenset[FindingKey]
+    """(profile, layout, contract) breaks that are findings, not failures."""
+    jobs: int = 1
+    profile: str | None = None
+    """None: detected from the installed vLLM."""
+    max_seconds: float | None = None
+    json_path: str | Path | None = None
+    out_dir: str | Path = DEFAULT_OUT_DIR
+    layouts: tuple[str, ...] = LAYOUT_NAMES
+    coverage_gate: bool = True
+    scheduler_cls: str | None = None
+    """An import path of a vLLM ``Scheduler`` subclass to check instead of vLLM's."""
+
+
+def run_fuzz_stage(options: FuzzOptions) -> int:
+    """The fuzz with its progress, its coverage table and its verdict; its exit code."""
+    quiet_vllm()
+    version = vllm_or_exit("fuzz")
     if version is None:
         return 2
-    if getattr(args, "replay", None):
-        return _replay(args, version)
-    profile, how = _profile(args)
-    from .fuzz import FUZZ_LAYOUTS, run_fuzz
+    profile, how = choose_profile(options.profile)
+    if options.scheduler_cls:
+        from .live import scheduler_class
 
-    layouts = args.layout or list(FUZZ_LAYOUTS)
-    out_dir = args.out_dir or "fuzz-divergences"
+        scheduler_class(options.scheduler_cls)  # refused here, before any process starts
+    from .fuzz import run_fuzz
+
+    layouts = list(options.layouts)
+    checked = f", scheduler {options.scheduler_cls}" if options.scheduler_cls else ""
     print(
-        f"dualbudget fuzz: vLLM {version}, profile {profile} ({how}), seed {args.seed},"
-        f" {args.examples} examples, layouts {', '.join(layouts)}",
+        f"dualbudget fuzz: vLLM {version}{checked}, profile {profile} ({how}), seed"
+        f" {options.seed}, {options.examples} examples, layouts {', '.join(layouts)},"
+        f" {options.jobs} job{'s' if options.jobs > 1 else ''}",
         flush=True,
     )
     result = run_fuzz(
         profile=profile,
         vllm_version=version,
-        examples=args.examples,
-        seed=args.seed,
-        out_dir=out_dir,
-        max_seconds=args.max_seconds,
+        examples=options.examples,
+        seed=options.seed,
+        out_dir=options.out_dir,
+        known_findings=options.known_findings,
+        max_seconds=options.max_seconds,
         layouts=layouts,
         progress=lambda line: print(line, flush=True),
+        scheduler_cls=options.scheduler_cls,
+        jobs=options.jobs,
     )
-    code, table = _fuzz_verdict(result, layouts, gate=not args.no_coverage_gate)
+    code, table = fuzz_verdict(result, layouts, gate=options.coverage_gate)
     print(table)
-    _write_json(args.json, fuzz_json(result))
+    write_json(options.json_path, fuzz_json(result))
     return code
 
 
-def fuzz_json(result: Any) -> dict[str, Any]:
+def fuzz_json(result: FuzzResult) -> dict[str, Any]:
     from .fuzz import REQUIRED_EVENTS
 
     return {
@@ -102,17 +141,7 @@ def fuzz_json(result: Any) -> dict[str, Any]:
         "profile": result.profile,
         "examples": result.examples,
         "steps": result.steps,
-        "divergences": [
-            {
-                "step": d.step,
-                "kind": d.kind,
-                "reference": d.reference,
-                "live": d.live,
-                "scenario": d.scenario_path,
-                "replay": d.replay_command,
-            }
-            for d in result.divergences
-        ],
+        "divergences": [d.to_json() for d in result.divergences],
         "coverage": result.totals(),
         "coverage_by_method": result.coverage,
         "constructions": {k: sorted(v) for k, v in result.constructions.items()},
@@ -129,19 +158,26 @@ def fuzz_json(result: Any) -> dict[str, Any]:
     }
 
 
-def _fuzz_verdict(result: Any, layouts: list[str], *, gate: bool) -> tuple[int, str]:
+SHORT_EVENT_NAMES = {
+    "input_budget_bound": "input-bound",
+    "chunked_prefill": "chunked",
+    "preemption": "preempt",
+    "preempt_scheduled": "preempt-sched",
+    "padded_decode": "padded",
+    "rejected_drafts": "rejected",
+    "max_model_len_cap": "len-cap",
+    "bound_after_refund": "after-refund",
+    "token_budget_bound": "token-bound",
+}
+"""The coverage table's column heads."""
+
+
+def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple[int, str]:
+    """(exit code, the coverage table and the verdict line)."""
     from .fuzz import AIMS, REQUIRED_EVENTS
     from .lockstep import COVERAGE_EVENTS
 
-    short = {
-        "input_budget_bound": "input-bound",
-        "chunked_prefill": "chunked",
-        "preemption": "preempt",
-        "preempt_scheduled": "preempt-sched",
-        "padded_decode": "padded",
-        "rejected_drafts": "rejected",
-        "max_model_len_cap": "len-cap",
-    }
+    short = SHORT_EVENT_NAMES
     head = f"{'method':<16}{'ex':>4}" + "".join(f"{short[e]:>14}" for e in COVERAGE_EVENTS)
     lines = ["", "coverage (events per method):", head + "  built as"]
     for layout in layouts:
@@ -184,7 +220,8 @@ def _fuzz_verdict(result: Any, layouts: list[str], *, gate: bool) -> tuple[int, 
     zeros = result.zero_coverage(layouts)
     code = 0
     if result.divergences:
-        verdict = f"FAIL: {len(result.divergences)} divergence(s) (seed {args_seed(result)})"
+        seeds = ", ".join(str(s) for s in sorted({d.seed for d in result.divergences}, key=str))
+        verdict = f"FAIL: {len(result.divergences)} divergence(s) (seed {seeds})"
         code = 1
     elif result.unknown_findings:
         verdict = "FAIL: the reference flagged a contract break not known as a finding"
@@ -200,36 +237,41 @@ def _fuzz_verdict(result: Any, layouts: list[str], *, gate: bool) -> tuple[int, 
     return code, "\n".join(lines)
 
 
-def args_seed(result: Any) -> str:
-    seeds = {d.seed for d in result.divergences}
-    return ", ".join(str(s) for s in sorted(seeds, key=str))
-
-
-def _replay(args: argparse.Namespace, version: str) -> int:
+def replay_scenario(path: str, profile: str | None = None, scheduler_cls: str | None = None) -> int:
+    """``dualbudget fuzz --replay``: one scenario file in lockstep (against
+    ``scheduler_cls``, a ``--scheduler-cls`` path, or vLLM's own scheduler); its exit code."""
     from dualbudget.reference.scenario import load_scenario
 
-    from .lockstep import replay
+    from .live import scheduler_class, use_scheduler_class
+    from .lockstep import run_in_lockstep
 
-    scenario = load_scenario(args.replay)
-    if args.profile and args.profile != scenario.profile:
-        scenario = scenario.with_profile(args.profile)
-    steps, divergence = replay(scenario)
+    quiet_vllm()
+    version = vllm_or_exit("fuzz")
+    if version is None:
+        return 2
+    scenario = load_scenario(path)
+    if profile and profile != scenario.profile:
+        scenario = scenario.with_profile(profile)
+    cls = scheduler_class(scheduler_cls) if scheduler_cls else None
+    with use_scheduler_class(cls):
+        steps, divergence = run_in_lockstep(scenario)
+    against = f", scheduler {scheduler_cls}" if scheduler_cls else ""
     print(
-        f"dualbudget fuzz --replay: vLLM {version}, profile {scenario.profile},"
-        f" {steps} steps of {args.replay}"
+        f"dualbudget fuzz --replay: vLLM {version}{against}, profile {scenario.profile},"
+        f" {steps} steps of {path}"
     )
     if divergence is None:
         print("verdict: PASS: no divergence")
         return 0
-    divergence.scenario_path = str(args.replay)
+    divergence.scenario_path = str(path)
     print(divergence.report())
     print("verdict: FAIL: divergence reproduced")
     return 1
 
 
 # -- bench ----------------------------------------------------------------------------
-def bench_workloads(profile: str) -> list[Any]:
-    from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
+def bench_workloads(profile: str) -> list[Scenario]:
+    from dualbudget.reference.scenario import Acceptance, RequestSpec, validate
     from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 
     workloads = []
@@ -255,32 +297,21 @@ def bench_workloads(profile: str) -> list[Any]:
     return workloads
 
 
-def workload_method(scenario: Any) -> str:
+def workload_method(scenario: Scenario) -> str:
     """A bench workload's name: its speculative method, or ``none``."""
     spec = scenario.config.speculative_config
     return str(spec.method) if spec else "none"
 
 
-def _record_events(scenario: Any) -> list[list[Any]]:
+def _record_events(scenario: Scenario) -> list[list[Event]]:
     """The event stream of a reference run, step by step (each list ends with the
     step's ModelOutput/DraftProposals)."""
-    from dualbudget.reference.driver import ScenarioDriver
+    from dualbudget.reference.driver import EventDriver, drive
     from dualbudget.reference.scheduler import Scheduler
     from dualbudget.spec.profiles import profile_named
 
-    reference = Scheduler(scenario.config, profile_named(scenario.profile), check="record")
-    driver = ScenarioDriver(scenario)
-    steps = []
-    while not driver.done(reference.state):
-        events = driver.before_step()
-        record = None
-        for event in events:
-            record = reference.handle(event)
-        after = driver.after_step(record, reference.state)
-        for event in after:
-            reference.handle(event)
-        steps.append([*events, *after])
-    return steps
+    reference = Scheduler(scenario.config, profile_named(scenario.profile), check="collect")
+    return [step.events for step in drive(EventDriver.of(scenario), reference)]
 
 
 BENCH_REPEAT = 5
@@ -293,7 +324,7 @@ class _Diverged(Exception):
     """vLLM decided otherwise than the reference whose events a bench run replays."""
 
 
-def _time_stream(scenario: Any, profile: str, mode: str, stream: list[list[Any]]) -> float:
+def _time_stream(scenario: Scenario, profile: str, mode: str, stream: list[list[Event]]) -> float:
     """Seconds to feed ``stream`` to a fresh reference, live scheduler, or both (lockstep).
 
     Building the schedulers is not timed (vLLM's is built once per fuzz example, and its
@@ -303,9 +334,9 @@ def _time_stream(scenario: Any, profile: str, mode: str, stream: list[list[Any]]
 
     from .live import LiveEventError, LiveScheduler
 
-    consumers: list[Any] = []
+    consumers: list[Scheduler | LiveScheduler] = []
     if mode in ("reference", "lockstep"):
-        consumers.append(Scheduler(scenario.config, profile_named(profile), check="record"))
+        consumers.append(Scheduler(scenario.config, profile_named(profile), check="collect"))
     if mode in ("live", "lockstep"):
         consumers.append(LiveScheduler(scenario.config))
     # Collect the garbage of earlier runs now, so that no mode pays for another's.
@@ -326,12 +357,18 @@ def _time_stream(scenario: Any, profile: str, mode: str, stream: list[list[Any]]
 
 
 def bench(args: argparse.Namespace) -> int:
-    _quiet_vllm()
-    version = _vllm_or_exit("bench")
+    """``dualbudget bench``: its flags to ``run_bench``."""
+    return run_bench(profile=args.profile, repeat=args.repeat or BENCH_REPEAT, json_path=args.json)
+
+
+def run_bench(*, profile: str | None, repeat: int, json_path: str | None) -> int:
+    """Steps/s of each mode on every bench workload (``profile`` None: detected); its
+    exit code."""
+    quiet_vllm()
+    version = vllm_or_exit("bench")
     if version is None:
         return 2
-    repeat = getattr(args, "repeat", None) or BENCH_REPEAT
-    profile, how = _profile(args)
+    profile, how = choose_profile(profile)
     modes = ("reference", "live", "lockstep")
     print(
         f"dualbudget bench: vLLM {version}, profile {profile} ({how}), median of {repeat} runs"
@@ -388,70 +425,5 @@ def bench(args: argparse.Namespace) -> int:
         f" lockstep {out['lockstep_steps_per_s']}/s, ratio reference/live {out['ratio']}x"
         f" (target >= {BENCH_TARGET_RATIO}x)"
     )
-    _write_json(args.json, out)
+    write_json(json_path, out)
     return 0
-
-
-# -- check ----------------------------------------------------------------------------
-CHECK_FUZZ_EXAMPLES = 200
-"""The fuzz of ``check``: every (method, aim) unit gets its share (``fuzz.shares``); about a
-minute on a 2-core machine, most of it vLLM's one-off import and model inspection."""
-
-
-def check(args: argparse.Namespace) -> int:
-    """The main job: the proofs, then a short fuzz, then one verdict table.
-
-    The fuzz is ``dualbudget fuzz --examples N --seed S`` with the coverage gate on (a
-    fuzz that reached nothing has checked nothing), ``--fuzz-seconds`` as its time cap."""
-    from dualbudget.proofs.commands import prove
-
-    started = time.perf_counter()
-    rows: list[tuple[str, str, str]] = []
-
-    def stage(name: str, run: Callable[[], int], detail: str, note: str = "") -> None:
-        """Run one stage; its exit code (2 on bad input) becomes a verdict row."""
-        print(f"\n== {name}", flush=True)
-        t0 = time.perf_counter()
-        try:
-            code, said = run(), f"{detail}exit "
-        except BadInput as err:
-            code, said = 2, f"{detail}error: {err}; exit "
-        verdict = "PASS" if code == 0 else "FAIL"
-        rows.append((name, verdict, f"{said}{code}, {time.perf_counter() - t0:.0f}s{note}"))
-
-    proof_args = argparse.Namespace(
-        profile=None, layout=None, only=None, mutants=False, json=None, junit=None,
-        witness_dir=None,
-    )  # fmt: skip
-    stage("proofs", lambda: int(prove(proof_args)), "")
-
-    _quiet_vllm()
-    from .live import installed_vllm_version
-
-    version = installed_vllm_version()
-    if version is None:
-        rows.append(("fuzz", "FAIL", f"vLLM is not installed in {sys.executable}"))
-    else:
-        examples = getattr(args, "fuzz_examples", None) or CHECK_FUZZ_EXAMPLES
-        out_dir = getattr(args, "out_dir", None) or "fuzz-divergences"
-        fuzz_args = argparse.Namespace(
-            examples=examples, seed=args.seed, profile=None, max_seconds=args.fuzz_seconds,
-            json=str(Path(out_dir) / "check-fuzz.json"), out_dir=out_dir, replay=None,
-            layout=None, no_coverage_gate=False,
-        )  # fmt: skip
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        stage(
-            "fuzz",
-            lambda: fuzz(fuzz_args),
-            f"vLLM {version}, {examples} examples, seed {args.seed}, ",
-            f" (report {fuzz_args.json})",
-        )
-    report = {name: verdict for name, verdict, _ in rows}
-    width = max(len(r[0]) for r in rows)
-    print("\n== verdict")
-    for name, verdict, detail in rows:
-        print(f"{name:<{width}}  {verdict:<4}  {detail}")
-    ok = all(r[1] == "PASS" for r in rows)
-    print(f"overall: {'PASS' if ok else 'FAIL'} in {time.perf_counter() - started:.0f}s")
-    _write_json(args.json, {"rows": [list(r) for r in rows], "pass": ok, **report})
-    return 0 if ok else 1

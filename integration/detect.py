@@ -1,11 +1,11 @@
 """Which profile the installed vLLM follows.
 
 A known release is recognised by ``vllm.__version__`` (0.32.x -> ``vllm-0.32``, 0.33.x ->
-``vllm-0.33``). Anything else (a development checkout, as vLLM's own CI would run this) is
-probed: the slots vLLM reports per method and whether it caps DFlash/DSpark admission are
-compared with what each profile's tables predict. No match is an error that prints what
-was found. ``--profile`` overrides detection; lockstep then shows any mismatch as a
-divergence.
+``vllm-0.33``: ``spec.profiles.KNOWN_RELEASES``). Anything else (a development checkout,
+as vLLM's own CI would run this) is probed: the slots vLLM reports per method and
+whether it caps DFlash/DSpark admission are compared with what each profile's tables
+predict. No match is an error that prints what was found. ``--profile`` overrides
+detection; lockstep then shows any mismatch as a divergence.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from typing import Any
 
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.policies import StepParams
-from dualbudget.spec.profiles import PROFILES, profile_named
+from dualbudget.spec.profiles import KNOWN_RELEASES, PROFILES, profile_named
 
 from .live import Unsupported, build_vllm_config, require_vllm
-
-KNOWN_RELEASES = {"0.32": "vllm-0.32", "0.33": "vllm-0.33"}
 
 # The probes: one config per method row whose slots or admission differ between profiles.
 PROBE_K = 4

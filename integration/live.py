@@ -29,6 +29,8 @@ raises ``Unsupported`` with vLLM's reason, and is reported as such, never faked.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import json
 import os
 import tempfile
@@ -193,7 +195,7 @@ def _model_runner_v2(force_triton: bool) -> Iterator[None]:
     saved_flag = getattr(vllm_config_module, "HAS_TRITON", None)
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if force_triton:
-        vllm_config_module.HAS_TRITON = True  # type: ignore[attr-defined]
+        vllm_config_module.HAS_TRITON = True
     try:
         yield
     finally:
@@ -202,7 +204,7 @@ def _model_runner_v2(force_triton: bool) -> Iterator[None]:
         else:
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved_env
         if force_triton:
-            vllm_config_module.HAS_TRITON = saved_flag  # type: ignore[attr-defined]
+            vllm_config_module.HAS_TRITON = saved_flag
 
 
 def build_vllm_config(config: EngineConfig) -> tuple[Any, Construction]:
@@ -323,11 +325,66 @@ def step_record_of(step: int, output: Any, params: StepParams) -> StepRecord:
     )
 
 
+class SchedulerClassError(BadInput):
+    """A scheduler class path that names no subclass of vLLM's ``Scheduler``."""
+
+
+@functools.cache
+def scheduler_class(path: str) -> type:
+    """The class ``path`` names (``module:Class`` or ``module.Class``, as vLLM's
+    ``--scheduler-cls``), checked to be a subclass of vLLM's v1 ``Scheduler``. Resolved
+    once per process: worker processes are given the path, never the class."""
+    require_vllm()
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    module_name, sep, name = path.partition(":")
+    if not sep:
+        module_name, _, name = path.rpartition(".")
+    if not module_name or not name:
+        raise SchedulerClassError(f"{path!r}: not of the form module:Class or module.Class")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # whatever the module raises on import, named in one line
+        raise SchedulerClassError(
+            f"{path!r}: module {module_name!r} is not importable ({type(err).__name__}: {err})"
+        ) from None
+    found: Any = module
+    for part in name.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise SchedulerClassError(f"{path!r}: {module_name!r} has no {name!r}") from None
+    if not isinstance(found, type):
+        raise SchedulerClassError(f"{path!r}: not a class ({type(found).__name__})")
+    if not issubclass(found, Scheduler):
+        raise SchedulerClassError(
+            f"{path!r}: not a subclass of vLLM's vllm.v1.core.sched.scheduler.Scheduler"
+        )
+    return found
+
+
+_default_scheduler_cls: type | None = None
+
+
+@contextlib.contextmanager
+def use_scheduler_class(cls: type | None) -> Iterator[None]:
+    """Within the block, every ``LiveScheduler`` built without a ``scheduler_cls`` of
+    its own builds ``cls`` (None: vLLM's ``Scheduler``): how a fuzz reaches the live
+    schedulers that ``Lockstep`` builds."""
+    global _default_scheduler_cls
+    saved, _default_scheduler_cls = _default_scheduler_cls, cls
+    try:
+        yield
+    finally:
+        _default_scheduler_cls = saved
+
+
 class LiveScheduler:
     """vLLM's ``Scheduler`` behind the reference's event interface."""
 
     def __init__(self, config: EngineConfig, scheduler_cls: type | None = None) -> None:
-        """``scheduler_cls`` replaces vLLM's ``Scheduler`` (e.g. the trace recorder)."""
+        """``scheduler_cls`` replaces vLLM's ``Scheduler`` (e.g. the trace recorder);
+        without it, the class of the enclosing ``use_scheduler_class``, if any."""
         self.config = config
         self.vllm_config, self.construction = build_vllm_config(config)
         self.version = require_vllm()
@@ -359,7 +416,8 @@ class LiveScheduler:
         if not self.construction.native:
             context = _model_runner_v2(self.construction.how == RUNNER_V2_FORCED)
         with context:
-            self.scheduler = (scheduler_cls or Scheduler)(
+            cls = scheduler_cls or _default_scheduler_cls or Scheduler
+            self.scheduler = cls(
                 vllm_config=self.vllm_config,
                 kv_cache_config=kv_cache_config,
                 structured_output_manager=StructuredOutputManager(self.vllm_config),

@@ -1,16 +1,17 @@
 """Lockstep: the reference and the live vLLM scheduler on one event stream.
 
-Both consumers get every event in the same order; after each ``ScheduleStep`` their
-``StepRecord.decision()`` must be equal. The comparison is exact: ``decision()`` already
-sorts ``preempted`` and ``finished`` (sets in vLLM, whose iteration order means nothing)
-and compares ``num_scheduled_tokens``/``scheduled_spec_tokens`` as dicts (order inside a
-step is not part of the decision). Nothing else is normalised.
+``Lockstep`` is the pair behind the event interface: every event goes to both, in the
+same order, and after each ``ScheduleStep`` their ``StepRecord.decision()`` must be
+equal. The comparison is exact: ``decision()`` already sorts ``preempted`` and
+``finished`` (sets in vLLM, whose iteration order means nothing) and compares
+``num_scheduled_tokens``/``scheduled_spec_tokens`` as dicts (order inside a step is not
+part of the decision). Nothing else is normalised.
 
-The events are generated the way ``reference.driver.ScenarioDriver`` generates them
-(arrivals, then aborts, then the step; after it the ``ModelOutput`` and the
-``DraftProposals``), and the run keeps them as a scenario (explicit acceptance and draft
-tables), so the first divergence is written as a scenario file that ``dualbudget fuzz
---replay FILE`` replays through the driver, event for event.
+The events come from the reference's one driver (``reference.driver.EventDriver``):
+either the caller's draws step by step (``run_step(accept, propose)``, the fuzz) or a
+scenario's tables (``run_in_lockstep``). The driver keeps what it drew, so the first
+divergence is written as a scenario file with explicit tables that ``dualbudget fuzz
+--replay FILE`` runs in lockstep again, event for event.
 """
 
 from __future__ import annotations
@@ -20,31 +21,23 @@ import json
 import shlex
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualbudget.reference.contract import RecordedViolation
-from dualbudget.reference.driver import ScenarioDriver
-from dualbudget.reference.events import (
-    Abort,
-    AddRequest,
-    DraftProposals,
-    Event,
-    ModelOutput,
-    ScheduleStep,
-    StepRecord,
-)
+from dualbudget.reference.driver import EventDriver, drive
+from dualbudget.reference.events import Event, ScheduleStep, StepRecord
 from dualbudget.reference.scenario import (
     Acceptance,
-    Drafts,
     RequestSpec,
     Scenario,
     dump_scenario,
     validate,
 )
 from dualbudget.reference.scheduler import Scheduler, UnmirroredVllmCrash
+from dualbudget.reference.state import SchedulerState
+from dualbudget.reference.violations import StepViolation
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.kernel import BudgetKernel
@@ -60,11 +53,17 @@ COVERAGE_EVENTS = (
     "padded_decode",
     "rejected_drafts",
     "max_model_len_cap",
+    "bound_after_refund",
+    "token_budget_bound",
 )
 """The abstract events a run counts, per method (the issue's coverage list):
 a grant cut by the draft/input budget, a prefill chunk short of the prompt, a
 preemption, a preemption of a request already scheduled in the same step, a new decode
-padded to 1 + K, a step output rejecting drafts, a grant cut at max_model_len."""
+padded to 1 + K, a step output rejecting drafts, a grant cut at max_model_len, a grant
+cut by a budget after a refund earlier in the same step (the only grants a refund that
+restores too much or too little changes), a grant cut by the token budget where it
+opens below the input budget (``max_num_scheduled_tokens < max_num_batched_tokens``:
+the only case where a token-budget bug shows)."""
 
 
 class KernelCounters:
@@ -73,12 +72,18 @@ class KernelCounters:
 
     ``input_bound``: grants cut below ``min(need, token_budget)``, i.e. by the
     draft/input budget. ``refunds``: refunds of a request already scheduled this step
-    (the kernel's ``give_back``, which only that preemption calls).
+    (the kernel's ``give_back``, which only that preemption calls). ``bound_after_refund``
+    and ``token_bound``: grants cut below ``need`` after a refund of the same step, and
+    grants cut to exactly the token budget; the lockstep reads and clears the step's
+    (``refunded`` marks a refund in the step so far).
     """
 
     def __init__(self, kernel: BudgetKernel) -> None:
         self.input_bound = 0
         self.refunds = 0
+        self.bound_after_refund = 0
+        self.token_bound = 0
+        self.refunded = False
         self._grant, self._give_back = kernel.grant, kernel.give_back
         self.kernel = dataclasses.replace(kernel, grant=self.grant, give_back=self.give_back)
 
@@ -86,10 +91,14 @@ class KernelCounters:
         q = self._grant(token_budget, input_budget, need)
         if q < min(need, token_budget):
             self.input_bound += 1
+        if q < need:
+            self.bound_after_refund += self.refunded
+            self.token_bound += q == token_budget
         return q
 
     def give_back(self, token_budget: int, input_budget: int, q: int) -> tuple[int, int]:
         self.refunds += 1
+        self.refunded = True
         return self._give_back(token_budget, input_budget, q)
 
 
@@ -152,12 +161,33 @@ class StepCoverage:
     events: dict[str, int] = field(default_factory=dict)
 
 
+class CallerDraws:
+    """The driver's ``Draws`` from the callbacks of the step being run:
+    ``accept(rid, real_drafts)`` and ``propose(rid)`` (the fuzz's Hypothesis draws), asked
+    in the driver's order, their answers cut into ``[0, real_drafts]`` and ``[0, K]``."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.accept: Callable[[str, int], int] = lambda rid, real_drafts: 0
+        self.propose: Callable[[str], int] = lambda rid: 0
+
+    def accepted(self, step: int, request_id: str, real_drafts: int) -> int:
+        return min(max(self.accept(request_id, real_drafts), 0), real_drafts)
+
+    def proposed(self, step: int, request_ids: list[str]) -> dict[str, int]:
+        return {rid: min(max(self.propose(rid), 0), self.k) for rid in request_ids}
+
+
 class Lockstep:
-    """One reference and one live scheduler, fed the same events by the caller.
+    """One reference and one live scheduler, fed the same events.
 
     ``profile`` names the reference's profile; the live side is whatever vLLM is
-    installed. Raises ``ConfigRefused`` when both refuse the config and
-    ``DivergenceFound`` when only one does.
+    installed (``live``: one built by the caller, e.g. of the trace recorder's class).
+    Without ``driver`` the caller makes the run: ``add``, ``abort`` and ``run_step``;
+    with one (a scenario's, ``EventDriver.of``) the run is ``drive(lock.driver, lock)``.
+    Raises ``ConfigRefused`` when both refuse the config and ``DivergenceFound`` when only
+    one does, or when they decide differently, or one of them crashes; with ``out_dir``
+    the divergence is written there as a scenario first.
     """
 
     def __init__(
@@ -168,34 +198,33 @@ class Lockstep:
         seed: int | None = None,
         out_dir: str | Path | None = None,
         label: str = "lockstep",
+        live: LiveScheduler | None = None,
+        driver: EventDriver | None = None,
     ) -> None:
         self.config = config
         self.profile = profile
         self.seed = seed
-        self.out_dir = Path(out_dir) if out_dir is not None else Path(".")
+        self.out_dir = Path(out_dir) if out_dir is not None else None
         self.label = label
         self.k = config.num_speculative_tokens
         self.layout = (config.layout.name) if config.layout is not None else "none"
-        self.step = 0
-        self.requests: list[RequestSpec] = []
-        self._aborts: dict[str, int] = {}
-        self._accepted: dict[int, dict[str, int]] = {}
-        self._proposed: dict[int, dict[str, int]] = {}
-        self._pending_adds: list[AddRequest] = []
-        self._pending_aborts: list[str] = []
+        self.draws = CallerDraws(self.k)
+        self.driver = driver or EventDriver(profile, config, self.draws)
         self.coverage: dict[str, int] = dict.fromkeys(COVERAGE_EVENTS, 0)
-        self.violations: list[RecordedViolation] = []
+        self.violations: list[StepViolation] = []
         self.finished: set[str] = set()
+        self.compared = 0
+        """Steps whose two decisions were compared (a diverging one included)."""
+        self.last_live: StepRecord | None = None
+        """The live scheduler's record of the last step."""
         ref_error = live_error = None
         try:
-            self.scenario_base = validate(
-                Scenario(profile, config, (RequestSpec("probe", 1, 1),), Acceptance())
-            )
-            self.reference = Scheduler(config, profile_named(profile), check="record")
+            validate(Scenario(profile, config, (RequestSpec("probe", 1, 1),), Acceptance()))
+            self.reference = Scheduler(config, profile_named(profile), check="collect")
         except BadInput as err:
             ref_error = str(err)
         try:
-            self.live = LiveScheduler(config)
+            self.live = live if live is not None else LiveScheduler(config)
         except Unsupported as err:
             live_error = err.reason
         if ref_error and live_error:
@@ -210,29 +239,38 @@ class Lockstep:
         self.reference.kernel = self.counters.kernel
         self.construction = self.live.construction
 
+    @property
+    def step(self) -> int:
+        """The index of the next step."""
+        return self.driver.step
+
+    @property
+    def requests(self) -> list[RequestSpec]:
+        return self.driver.requests
+
+    @property
+    def state(self) -> SchedulerState:
+        """The reference's state: the stream follows its decisions (which are the live
+        scheduler's while the two agree)."""
+        return self.reference.state
+
     # -- what the caller does -----------------------------------------------------------
     def add(self, prompt_len: int, max_tokens: int, priority: int = 0) -> str:
-        rid = str(len(self.requests))
-        self.requests.append(RequestSpec(rid, prompt_len, max_tokens, self.step, priority))
-        # ScenarioDriver: arrival_time is the arrival's rank, arrivals before aborts.
-        self._pending_adds.append(
-            AddRequest(rid, prompt_len, max_tokens, priority, float(len(self.requests) - 1))
-        )
+        """A request arriving before the next step; returns its id."""
+        rid = str(len(self.driver.requests))
+        self.driver.add(RequestSpec(rid, prompt_len, max_tokens, self.driver.step, priority))
         return rid
 
     def abort(self, rid: str) -> None:
-        if rid in self._aborts:
-            return
-        self._aborts[rid] = self.step
-        self._pending_aborts.append(rid)
+        """Abort ``rid`` before the next step (once)."""
+        self.driver.abort(rid)
 
     def unfinished(self) -> list[str]:
-        requests = self.reference.state.requests
-        pending = {a.request_id for a in self._pending_adds}
+        requests, aborts = self.reference.state.requests, self.driver.aborts
         return [
             r.id
-            for r in self.requests
-            if r.id not in self._aborts and (r.id in pending or not requests[r.id].finished)
+            for r in self.driver.requests
+            if r.id not in aborts and (r.id not in requests or not requests[r.id].finished)
         ]
 
     def run_step(
@@ -241,51 +279,23 @@ class Lockstep:
         propose: Callable[[str], int],
     ) -> tuple[StepRecord, StepRecord]:
         """One engine step: ``accept(rid, real_drafts)`` and ``propose(rid)`` are asked
-        for each request that reached the end of its prompt."""
-        events: list[Event] = [*self._pending_adds]
-        events += [Abort(rid) for rid in self._pending_aborts]
-        self._pending_adds, self._pending_aborts = [], []
-        for event in events:
-            self._feed(event)
-        state = self.reference.state
-        before = {
-            rid: (state.requests[rid].num_computed_tokens, state.requests[rid].num_tokens_with_spec)
-            for rid in state.running
-        }
-        input_bound, refunds = self.counters.input_bound, self.counters.refunds
-        record, live = self._schedule()
-        self._count(record, before, input_bound, refunds)
+        for each request that reached the end of its prompt (``Draws``' order)."""
+        self.draws.accept, self.draws.propose = accept, propose
+        step = self.driver.advance(self)
+        self.coverage["rejected_drafts"] += step.rejected_drafts
+        self.finished |= set(step.record.finished)
+        assert self.last_live is not None
+        return step.record, self.last_live
 
-        # ScenarioDriver.after_step, with the caller's acceptance and proposals.
-        num_sampled: dict[str, int] = {}
-        decoding: list[str] = []
-        for rid in record.num_scheduled_tokens:
-            request = state.requests[rid]
-            if request.num_computed_tokens < request.num_tokens:
-                num_sampled[rid] = 0
-                continue
-            real = 0 if rid in state.last_padded else record.scheduled_spec_tokens.get(rid, 0)
-            accepted = min(max(accept(rid, real), 0), real) if real else 0
-            if accepted:
-                self._accepted.setdefault(record.step, {})[rid] = accepted
-            if accepted < real:
-                self.coverage["rejected_drafts"] += 1
-            num_sampled[rid] = 1 + accepted
-            decoding.append(rid)
-        after: list[Event] = [ModelOutput(num_sampled)]
-        if self.k > 0:
-            proposals = {rid: min(max(propose(rid), 0), self.k) for rid in decoding}
-            row = {rid: n for rid, n in proposals.items() if n}
-            if row:
-                self._proposed[record.step] = row
-            after.append(DraftProposals(proposals))
-        for event in after:
-            self._feed(event)
-        self.step = record.step + 1
-        self.finished |= set(record.finished)
-        return record, live
+    # -- the consumer ---------------------------------------------------------------------
+    def handle(self, event: Event) -> StepRecord | None:
+        """Feed ``event`` to both; for a ``ScheduleStep``, the reference's record once the
+        two decisions are found equal."""
+        if isinstance(event, ScheduleStep):
+            return self._schedule()
+        self._feed(event)
+        return None
 
-    # -- internals ----------------------------------------------------------------------
     def _feed(self, event: Event) -> None:
         ref_error = live_error = None
         try:
@@ -299,7 +309,13 @@ class Lockstep:
         if ref_error or live_error:
             self._diverge("crash", ref_error or "ok", live_error or "ok")
 
-    def _schedule(self) -> tuple[StepRecord, StepRecord]:
+    def _schedule(self) -> StepRecord:
+        state = self.reference.state
+        before = {
+            rid: (state.requests[rid].num_computed_tokens, state.requests[rid].num_tokens_with_spec)
+            for rid in state.running
+        }
+        input_bound, refunds = self.counters.input_bound, self.counters.refunds
         ref_error = live_error = None
         record = live = None
         try:
@@ -315,11 +331,14 @@ class Lockstep:
         if ref_error or live_error:
             self._diverge("crash", ref_error or "ok", live_error or "ok")
         assert record is not None and live is not None
+        self.compared += 1
+        self.last_live = live
         if len(self.reference.violations) > len(self.violations):
             self.violations = list(self.reference.violations)
         if record.decision() != live.decision():
             self._diverge("decision", record.decision(), live.decision(), record.step)
-        return record, live
+        self._count(record, before, input_bound, refunds)
+        return record
 
     def _count(
         self,
@@ -333,6 +352,13 @@ class Lockstep:
         cov["preempt_scheduled"] += self.counters.refunds - refunds
         cov["preemption"] += len(record.preempted)
         cov["padded_decode"] += len(state.last_padded)
+        counters = self.counters
+        cov["bound_after_refund"] += counters.bound_after_refund
+        token_budget, input_budget = counters.kernel.opened
+        if token_budget < input_budget:
+            cov["token_budget_bound"] += counters.token_bound
+        counters.bound_after_refund = counters.token_bound = 0
+        counters.refunded = False
         limit = self.config.max_model_len
         for rid, q in record.num_scheduled_tokens.items():
             request = state.requests[rid]
@@ -345,47 +371,29 @@ class Lockstep:
 
     def _diverge(self, kind: str, reference: Any, live: Any, step: int | None = None) -> None:
         step = self.step if step is None else step
-        path = self.write_scenario(step)
+        path = self.write_scenario(step) if self.out_dir is not None else None
         raise DivergenceFound(
-            Divergence(kind, step, reference, live, self.seed, str(path), replay_command(path))
+            Divergence(
+                kind,
+                step,
+                reference,
+                live,
+                self.seed,
+                None if path is None else str(path),
+                None if path is None else replay_command(path),
+            )
         )
 
     # -- the scenario of the run ----------------------------------------------------------
     def scenario(self, upto_step: int) -> Scenario:
         """Every event up to and including step ``upto_step``, as a scenario."""
-        requests = tuple(
-            RequestSpec(
-                r.id,
-                r.prompt_len,
-                r.max_tokens,
-                r.arrival_step,
-                r.priority,
-                self._aborts[r.id]
-                if r.id in self._aborts and self._aborts[r.id] <= upto_step
-                else None,
-            )
-            for r in self.requests
-            if r.arrival_step <= upto_step
-        )
-        if not requests:  # the format wants one; it arrives after the last step kept
-            requests = (RequestSpec("unused", 1, 1, upto_step + 1),)
-        return Scenario(
-            self.profile,
-            self.config,
-            requests,
-            Acceptance(
-                fixed=None,
-                explicit={s: dict(r) for s, r in self._accepted.items() if s <= upto_step},
-            ),
-            Drafts(explicit={s: dict(r) for s, r in self._proposed.items() if s <= upto_step})
-            if self.k > 0
-            else None,
-        )
+        return self.driver.scenario(upto_step)
 
     def write_scenario(self, upto_step: int) -> Path:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = self.out_dir if self.out_dir is not None else Path(".")
+        out_dir.mkdir(parents=True, exist_ok=True)
         seed = "" if self.seed is None else f"-seed{self.seed}"
-        path = self.out_dir / f"divergence-{self.label}{seed}-step{upto_step}.json"
+        path = out_dir / f"divergence-{self.label}{seed}-step{upto_step}.json"
         dump_scenario(self.scenario(upto_step), path)
         return path
 
@@ -398,44 +406,42 @@ def _where(err: BaseException) -> str:
     return f" (at {Path(last.filename).name}:{last.lineno})"
 
 
-def lockstep_steps(
-    scenario: Scenario, live: LiveScheduler, max_steps: int | None = None
-) -> Iterator[tuple[StepRecord, StepRecord]]:
-    """Feed ``scenario``'s event stream to the reference and to ``live``; yield the two
-    records of each step. The reference makes the events that depend on state (sampled
-    counts, drafts), which is sound while the two agree; a caller that finds a
-    divergence stops pulling before that step's outputs are fed."""
-    reference = Scheduler(scenario.config, profile_named(scenario.profile), check="record")
-    driver = ScenarioDriver(scenario, max_steps)
-    while not driver.done(reference.state):
-        record = live_record = None
-        for event in driver.before_step():
-            record = reference.handle(event)
-            live_record = live.handle(event)
-        assert record is not None and live_record is not None
-        yield record, live_record
-        for event in driver.after_step(record, reference.state):
-            reference.handle(event)
-            live.handle(event)
-
-
-def replay(
+def run_in_lockstep(
     scenario: Scenario,
     *,
     out_dir: str | Path | None = None,
     max_steps: int | None = None,
+    live: LiveScheduler | None = None,
 ) -> tuple[int, Divergence | None]:
-    """Run a scenario through ``ScenarioDriver`` into both schedulers; returns the steps
-    run and the first divergence (None when the decisions agree throughout)."""
+    """Run ``scenario``'s event stream (its tables, through ``EventDriver``) into the
+    reference and a live scheduler (``live``, or one of vLLM's own); returns the steps
+    compared and the first divergence (None when the decisions agree throughout). The
+    divergence is written under ``out_dir`` only when one is given."""
+    driver = EventDriver.of(scenario, max_steps)
     try:
-        live = LiveScheduler(scenario.config)
-    except Unsupported as err:
-        return 0, Divergence("validation", 0, "accepts", f"refuses: {err.reason}")
-    steps = 0
-    for record, live_record in lockstep_steps(scenario, live, max_steps):
-        steps += 1
-        if record.decision() != live_record.decision():
-            return steps, Divergence(
-                "decision", record.step, record.decision(), live_record.decision()
-            )
-    return steps, None
+        lock = Lockstep(
+            scenario.config, scenario.profile, out_dir=out_dir, live=live, driver=driver
+        )
+    except DivergenceFound as found:
+        return 0, found.divergence
+    try:
+        for _ in drive(driver, lock):
+            pass
+    except DivergenceFound as found:
+        return lock.compared, found.divergence
+    return lock.compared, None
+
+
+def live_records(
+    scenario: Scenario, live: LiveScheduler, max_steps: int | None = None
+) -> list[StepRecord]:
+    """``live``'s step records for ``scenario``'s event stream, run in lockstep with the
+    reference (which makes the events that depend on state: sampled counts, drafts).
+    Raises ``DivergenceFound`` at the first step the two decide differently."""
+    driver = EventDriver.of(scenario, max_steps)
+    lock = Lockstep(scenario.config, scenario.profile, live=live, driver=driver)
+    records = []
+    for _ in drive(driver, lock):
+        assert lock.last_live is not None
+        records.append(lock.last_live)
+    return records

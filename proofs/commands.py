@@ -79,13 +79,14 @@ def prove(args: argparse.Namespace) -> int:
 
 def print_table(outcomes: Sequence[Outcome], out: TextIO) -> None:
     header = f"{'profile':<15} {'layout':<15} {'contract':<8} {'check':<34} {'verdict':<8}"
-    print(f"{header} {'expected':<8} {'seconds':>7}", file=out)
+    print(f"{header} {'expected':<8} {'inductive':<9} {'seconds':>7}", file=out)
     for o in outcomes:
         flag = "" if o.matches else "   <-- MISMATCH"
         vac = "" if o.nonvacuous else " (vacuous)"
+        inductive = "yes" if o.inductive else "BOUNDED"
         print(
             f"{o.profile:<15} {o.layout:<15} {o.contract:<8} {o.check:<34} {o.verdict:<8}"
-            f" {o.expected:<8} {o.seconds:7.2f}{vac}{flag}",
+            f" {o.expected:<8} {inductive:<9} {o.seconds:7.2f}{vac}{flag}",
             file=out,
         )
 
@@ -128,7 +129,8 @@ def print_summary(report: dict[str, object], out: TextIO) -> None:
     print(
         f"\nsummary: {report['obligations']} obligations: {report['holds']} hold,"
         f" {report['fails']} fail ({report['expected_failures']} expected),"
-        f" {report['unknown']} unknown, {report['vacuous']} vacuous;"
+        f" {report['unknown']} unknown, {report['vacuous']} vacuous,"
+        f" {report['bounded']} bounded;"
         f" {report['matching_manifest']} match the manifest;"
         f" {report['witnesses']} witnesses written",
         file=out,

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dualbudget.spec.contract import CONTRACT_IDS
 from dualbudget.spec.errors import BadInput
 
 MANIFEST = Path(__file__).with_name("manifest.toml")
@@ -57,6 +58,19 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
     expected = data.get("expected", {})
     why = data.get("why", {})
     return Manifest(dict(expected), dict(why))
+
+
+def expected_findings() -> frozenset[tuple[str, str, str]]:
+    """``(profile, layout, contract item)`` of every failure ``proofs/manifest.toml``
+    expects: the known findings, the one list the fuzz and the tests read. The item is
+    the ``C1`` .. ``C6`` its check name starts with (an obligation of no contract item,
+    such as ``compiled``, is no finding about a policy)."""
+    found = set()
+    for name, verdict in load_manifest().entries.items():
+        profile, layout, check = name.split("/")
+        if verdict == "fails" and check[:2] in CONTRACT_IDS:
+            found.add((profile, layout, check[:2]))
+    return frozenset(found)
 
 
 def render(verdicts: Mapping[str, str], why: Mapping[str, str]) -> str:

@@ -25,9 +25,9 @@ from typing import Any
 
 import z3
 
-from dualbudget.spec.arith import Cond, Num, all_of, any_of, imin, ite
+from dualbudget.spec.arith import Cond, Num, all_of, any_of, ite
 from dualbudget.spec.book import StepBook
-from dualbudget.spec.invariants import buffer_peak_ok, nonnegative
+from dualbudget.spec.invariants import buffer_peak_ok, conserved, nonnegative
 from dualbudget.spec.methods import MethodLayout
 from dualbudget.spec.policies import Charge, Ledger, Policy, StepParams
 
@@ -93,10 +93,6 @@ class SymConfig:
         positive budgets, ``max_num_batched_tokens >= max_num_seqs``, ``K >= 1``."""
         return [self.b >= 1, self.s >= 1, self.m >= 1, self.b >= self.m, self.k >= 1]
 
-    def hard_target_cap(self) -> Num:
-        """The target rows a step may hold, whatever the policy: ``min(S, B)``."""
-        return imin(self.p.max_num_scheduled_tokens, self.p.max_num_batched_tokens)
-
 
 def sym_config(layout: MethodLayout, tag: str = "") -> SymConfig:
     b, s, m, k = z3.Ints(f"B{tag} S{tag} max_num_seqs{tag} K{tag}")
@@ -136,6 +132,7 @@ def charge_fields(subject: Subject, p: StepParams) -> dict[str, Callable[[Num], 
 
 UNSCHEDULED, SCHEDULED, REFUNDED = 0, 1, 2
 STATUS_NAMES = ("unscheduled", "scheduled", "refunded")
+"""The tracked request's status, by its number, in the words of the queries' labels."""
 
 
 @dataclass
@@ -205,10 +202,7 @@ def invariant(subject: Subject, cfg: SymConfig, st: AbsState) -> Invariant:
     opened = policy.open(p)
     tokens = st.sum_of(lambda q: policy.charge(p, q).tokens)
     rows = st.sum_of(lambda q: policy.charge(p, q).rows)
-    conserved = all_of(
-        st.ledger.token_budget == opened.token_budget - tokens,
-        st.ledger.input_budget == opened.input_budget - rows,
-    )
+    kept = conserved(opened, st.ledger, tokens, rows)
     book_ok: Cond
     if st.x_counts:
         book_ok = st.book_x is not None and charge_eq(st.book_x, policy.charge(p, st.q_x))
@@ -222,7 +216,7 @@ def invariant(subject: Subject, cfg: SymConfig, st: AbsState) -> Invariant:
         st.count() <= policy.max_active_requests(p),
     )
     return Invariant(
-        as_bool(nonnegative(st.ledger)), as_bool(all_of(conserved, book_ok)), as_bool(shape)
+        as_bool(nonnegative(st.ledger)), as_bool(all_of(kept, book_ok)), as_bool(shape)
     )
 
 
@@ -297,11 +291,3 @@ def fcfs_step(
 
 def c3_holds(cfg: SymConfig, opened_target: Num, target: Num, draft: Num) -> Any:
     return as_bool(buffer_peak_ok(cfg.p, opened_target, target, draft))
-
-
-def fits_hard_limits(cfg: SymConfig, target: Num, draft: Num, count: Num) -> Any:
-    """The step's hard limits, whatever the policy: C3 against ``min(S, B)`` and ``B``,
-    and at most ``max_num_seqs`` requests."""
-    return z3.And(
-        as_bool(buffer_peak_ok(cfg.p, cfg.hard_target_cap(), target, draft)), count <= cfg.m
-    )

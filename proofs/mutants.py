@@ -66,6 +66,16 @@ class RoomIgnoresTokenBudget(Additive):
         return ledger.input_budget - self.draft_slots(p)
 
 
+class OwnPassCapEight(Additive):
+    """A hard-coded batch size: at most 8 DFlash/DSpark requests per step. Every step of
+    up to 8 requests is unchanged, so only C6 past 8 requests can see it."""
+
+    def max_active_requests(self, p: StepParams) -> Num:
+        if not p.layout.drafts_in_own_pass:
+            return p.max_num_seqs
+        return imin(p.max_num_seqs, 8)
+
+
 class RefundUnscheduledVictim(StepBook):
     """vLLM's refund without its ``if preempted_req in scheduled_running_reqs``:
     ``restored = num_scheduled_tokens.pop(id, 0)`` and ``input_budget += restored + slots``."""
@@ -235,6 +245,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "vllm-0.32",
         "a request's room is input_budget - slots, without the token budget",
         _policy("vllm-0.32", RoomIgnoresTokenBudget),
+    ),
+    Mutant(
+        "own-pass-cap-eight",
+        "vllm-0.32",
+        "DFlash/DSpark steps hold at most 8 requests (a hard-coded batch size), so past 8"
+        " requests global-reserve schedules more",
+        _policy("vllm-0.32", OwnPassCapEight),
     ),
     Mutant(
         "static-cap-from-K",

@@ -6,33 +6,26 @@ unsatisfiable. A reachability check has no goal: it holds when its premises are
 satisfiable. Queries are built by running the spec's code on symbolic configurations
 (see ``model``); nothing here restates a budget rule.
 
-Checks (the ``check`` field; ``contract`` is its C-number):
+Each contract item is stated once, in ``spec/contract.py``, and written once as a
+predicate over ``arith`` in ``spec/invariants.py``; the queries evaluate those predicates
+on the spec's code run symbolically, and proofs/README.md gives each as a formula. The
+families (``check`` names; ``contract`` is the item a check belongs to):
 
-- ``C1``, ``C2``: the invariant is inductive: it holds after ``open`` on an accepted
-  config, and every transition (schedule another request, schedule the tracked request,
-  preempt another, preempt the tracked one when scheduled, preempt it when it is not)
-  keeps its C1 part (``C1``) and its C2 part with the frame shape and count cap (``C2``).
-  ``C2`` also proves the charges affine in ``q`` (what the sum abstraction needs).
-- ``C2-reach-refund``: an accepted config can schedule a request and preempt it for a
-  non-zero refund.
-- ``C3``: the invariant implies ``T <= S_opened``, ``T <= min(S, B)``, ``D <= B`` with the
-  method's true draft rows.
-- ``C3-reach-budget-bound``: a step can end with a request cut short by the budget (not
-  by the count cap).
-- ``C3-static-cap`` (vllm-0.33, DFlash/DSpark): at most ``B // num_lookahead_tokens``
-  requests keep ``D <= B``.
-- ``C4``: an accepted config's empty step grants >= 1 token to any runnable request and
-  allows >= 1 running request. ``C4-no-stall``: in every reachable state, a step that is
-  not exhausted and under its count cap grants >= 1 token (vLLM asserts it), and no
-  more than the request needs. ``C4-converse``: every config in which one 1-token
-  request fits C3 is accepted.
-- ``C5``: a request granted fewer tokens than it needs (cut, or refused because the step
-  is exhausted or the policy's own count cap is reached) would break C3 against
-  ``min(S, B)`` and ``B`` with one more token.
-- ``C6-tokens-vs-X``, ``C6-requests-vs-X``: on the same queue of up to 8 requests with
-  symbolic sizes, the profile schedules at least as many target tokens (requests) in a
-  step as the next profile ``X`` down the chain dual > vllm-0.33 > vllm-0.32 >
-  global-reserve; configs accepted by both.
+- ``C1``, ``C2`` (``inductive_queries``): ``nonnegative`` and ``conserved`` hold after
+  ``open`` and are kept by every transition of the book; ``C2-reach-refund``
+  (``reach_queries``) is a refund that can happen.
+- ``C3``, ``C3-static-cap`` (``c3_queries``): ``buffer_peak_ok`` with the method's true
+  draft rows; ``C3-reach-budget-bound`` a step the budget cuts short.
+- ``C4``, ``C4-no-stall``, ``C4-converse`` (``c4_queries``): ``empty_step_progress``, a
+  grant of ``1 .. need`` in every step not exhausted, and ``one_token_fits`` implying
+  acceptance.
+- ``C5`` (``c5_queries``): ``one_more_token_fits`` is false of a request cut short.
+- ``C6-tokens-vs-X``, ``C6-requests-vs-X`` (``c6_queries``): ``dominates`` against the
+  next profile ``X`` down the chain dual > vllm-0.33 > vllm-0.32 > global-reserve (an
+  upstream proposal: against the profile ``BRANCHES`` names), proven by induction over
+  the queue (``dominance``).
+- ``compiled`` (``compiled_queries``, contract ``kernel``): the reference's stored
+  compiled book equals the spec's formulas, per policy and layout.
 """
 
 from __future__ import annotations
@@ -44,16 +37,37 @@ from typing import Any
 import z3
 
 from dualbudget.spec.arith import floordiv
+from dualbudget.spec.compiled_book import TEMPLATES
+from dualbudget.spec.invariants import empty_step_progress, one_more_token_fits, one_token_fits
+from dualbudget.spec.kernel import PARAMS
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
-from dualbudget.spec.policies import Charge
+from dualbudget.spec.policies import Charge, StepParams
 from dualbudget.spec.profiles import PROFILE_NAMES
 
+from .compile_book import COMPILED_LAYOUTS, REGENERATE, book_formulas, book_symbols
+from .dominance import (
+    MEASURES,
+    Lane,
+    Relation,
+    ahead,
+    charge_lemmas,
+    fresh_lane,
+    lower_done,
+    on_track,
+    opened_lane,
+    related,
+    serve,
+    tied,
+)
+from .kernel_source import UnreadableSource, read_template
 from .model import (
     REFUNDED,
     SCHEDULED,
+    STATUS_NAMES,
     UNSCHEDULED,
     AbsState,
     Subject,
+    SymConfig,
     accepted,
     affine_lemma,
     affine_sum,
@@ -62,7 +76,6 @@ from .model import (
     charge_eq,
     charge_fields,
     fcfs_step,
-    fits_hard_limits,
     fresh_state,
     invariant,
     neg,
@@ -72,10 +85,15 @@ from .model import (
 
 # The dominance chain, from the most relaxed policy down; C6 compares each with the next.
 CHAIN = ("dual", "vllm-0.33", "vllm-0.32", "global-reserve")
+BRANCHES = {"pr-53080": "vllm-0.33", "pr-52996": "vllm-0.32", "fork-605": "pr-52996"}
+"""The upstream proposals off the chain, each with the profile it claims to relax: no one
+order holds them all (pr-52996 changes DSpark only, so on DFlash it is vllm-0.32)."""
 C6_QUEUE = 8
-"""C6 is bounded: a queue of up to this many requests (the one bound of the suite)."""
+"""The queue length of C6's witness search and of the bounded cross-check of the proof
+(tests/test_proofs_dominance.py); the proof itself holds for queues of any length."""
 C5_WITNESS_QUEUE = 3
 OWN_PASS_LAYOUTS = ("dflash", "dspark-anchor", "dspark-fill-in")
+COMPILED_LAYOUT_NAMES = tuple(layout.name for layout in COMPILED_LAYOUTS)
 
 
 @dataclass(frozen=True)
@@ -85,10 +103,16 @@ class Obligation:
     check: str
     family: str
     """Obligations of one family share their queries (one job)."""
+    inductive: bool = True
+    """Proven for any number of requests, not for queues up to a bound: C1/C2 and C6 by
+    induction, C3-C5 from the inductive invariant. No obligation is bounded since C6's
+    induction (proofs/dominance.py); a bounded one would say False here."""
 
     @property
     def contract(self) -> str:
-        return self.check[:2]
+        """The contract item (``C1`` .. ``C6``); ``kernel`` for the ``compiled`` check,
+        which is about the reference's compiled book, not an item of the contract."""
+        return "kernel" if self.family == "compiled" else self.check[:2]
 
     @property
     def name(self) -> str:
@@ -106,6 +130,8 @@ class Query:
 
 
 def lower_of(profile: str) -> str | None:
+    if profile in BRANCHES:
+        return BRANCHES[profile]
     i = CHAIN.index(profile)
     return CHAIN[i + 1] if i + 1 < len(CHAIN) else None
 
@@ -136,6 +162,10 @@ def catalog() -> list[Obligation]:
                     Obligation(profile, layout, f"C6-tokens-vs-{lower}", "C6"),
                     Obligation(profile, layout, f"C6-requests-vs-{lower}", "C6"),
                 ]
+    # The reference's compiled book, per policy and every layout it compiles ("none" too).
+    for profile in PROFILE_NAMES:
+        for layout in COMPILED_LAYOUT_NAMES:
+            out.append(Obligation(profile, layout, "compiled", "compiled"))
     return out
 
 
@@ -298,7 +328,7 @@ def inductive_queries(subject: Subject, layout_name: str) -> list[Query]:
 
 
 def _st(status: int) -> str:
-    return ("unscheduled", "scheduled", "refunded")[status]
+    return STATUS_NAMES[status]
 
 
 def reach_queries(subject: Subject, layout_name: str) -> list[Query]:
@@ -382,9 +412,7 @@ def c4_queries(subject: Subject, layout_name: str) -> list[Query]:
     base = _base(subject, cfg)
     need = z3.Int("need")
     book = subject.open_book(p)
-    progress = z3.And(
-        policy.max_active_requests(p) >= 1, as_bool(neg(book.exhausted())), book.grant(need) >= 1
-    )
+    progress = as_bool(empty_step_progress(book, need))
     out = [
         Query(
             "empty step of an accepted config grants a token",
@@ -414,7 +442,7 @@ def c4_queries(subject: Subject, layout_name: str) -> list[Query]:
         )
     )
 
-    fits = c3_holds(cfg, cfg.hard_target_cap(), 1, p.draft_rows(1))
+    fits = as_bool(one_token_fits(p))
     out.append(
         Query(
             "a config where one 1-token request fits is accepted",
@@ -437,7 +465,7 @@ def c5_queries(subject: Subject, layout_name: str) -> list[Query]:
     got = z3.If(refused, 0, bk.grant(need))
     d = true_draft_rows(cfg, st)
     prem = [*base, inv.all(), st.count() < cfg.m, need >= 1, got < need]
-    more = fits_hard_limits(cfg, st.target() + got + 1, d + p.draft_rows(got + 1), st.count() + 1)
+    more = as_bool(one_more_token_fits(p, st.target(), d, st.count(), got))
     shown = {"n": st.n, "T": st.t, "D": d, "need": need, "granted": got}
     return [
         Query(
@@ -446,39 +474,126 @@ def c5_queries(subject: Subject, layout_name: str) -> list[Query]:
     ]
 
 
-def c6_queries(hi: Subject, lo: Subject, layout_name: str) -> list[Query]:
+def c6_queries(
+    hi: Subject, lo: Subject, layout_name: str, relation: Relation | None = None
+) -> list[Query]:
+    """C6 by induction over the queue (``proofs/dominance.py``): base, step from a tied
+    state, step once ``lo`` is done, and the relation implying dominance; ``relation``
+    picks the strengthenings (all of them unless a test asks for less)."""
+    if relation is None:
+        relation = Relation()
     cfg = sym_config(layout_named(layout_name))
     p = cfg.p
-    needs = list(z3.Ints(" ".join(f"need{i}" for i in range(C6_QUEUE))))
-    length = z3.Int("queue_len")
-    present = [length > i for i in range(C6_QUEUE)]
-    run_hi = fcfs_step(hi, p, needs, present)
-    run_lo = fcfs_step(lo, p, needs, present)
-    prem = [
-        *cfg.engine(),
-        accepted(hi, p),
-        accepted(lo, p),
-        length >= 1,
-        length <= C6_QUEUE,
-        *(n >= 1 for n in needs),
-    ]
-    shown = {
-        "T_" + hi.profile: run_hi.target,
-        "T_" + lo.profile: run_lo.target,
-        "n_" + hi.profile: run_hi.count,
-        "n_" + lo.profile: run_lo.count,
-    }
-    return [
+    pair = (hi, lo)
+    base = [*cfg.engine(), accepted(hi, p), accepted(lo, p)]
+    checks = {measure: f"C6-{measure}-vs-{lo.profile}" for measure in MEASURES}
+    out: list[Query] = []
+
+    q = z3.Int("q")
+    for subject in pair:
+        for field_name, lemma in charge_lemmas(subject, p, q).items():
+            label = f"lemma: {subject.profile} {field_name} affine in q"
+            out.append(Query(label, [*base, q >= 1], dict.fromkeys(checks.values(), lemma)))
+
+    opened = (opened_lane(hi, p), opened_lane(lo, p))
+    out.append(
         Query(
-            f"{hi.profile} vs {lo.profile} on one queue",
-            prem,
-            {
-                f"C6-tokens-vs-{lo.profile}": run_hi.target >= run_lo.target,
-                f"C6-requests-vs-{lo.profile}": run_hi.count >= run_lo.count,
-            },
-            shown,
+            "base: the opened books are tied",
+            base,
+            {check: related(m, pair, cfg, opened, relation) for m, check in checks.items()},
         )
-    ]
+    )
+
+    def step(
+        label: str, lanes: tuple[Lane, Lane], extra: list[Any], measures: tuple[str, ...]
+    ) -> None:
+        hi_lane, lo_lane = lanes
+        need = z3.Int("need")
+        hi_next, hi_got = serve(hi, p, hi_lane, need)
+        lo_next, lo_got = serve(lo, p, lo_lane, need)
+        premises = [
+            *base,
+            on_track(hi, cfg, hi_lane, relation),
+            on_track(lo, cfg, lo_lane, relation),
+            *extra,
+            need >= 1,
+            *charge_lemmas(hi, p, hi_got).values(),
+            *charge_lemmas(lo, p, lo_got).values(),
+        ]
+        after = (hi_next, lo_next)
+        goals = {checks[m]: related(m, pair, cfg, after, relation) for m in measures}
+        shown = {
+            f"n_{hi.profile}": hi_lane.n,
+            f"T_{hi.profile}": hi_lane.t,
+            f"n_{lo.profile}": lo_lane.n,
+            f"T_{lo.profile}": lo_lane.t,
+            "need": need,
+            f"granted_{hi.profile}": hi_got,
+            f"granted_{lo.profile}": lo_got,
+        }
+        out.append(Query(label, premises, goals, shown))
+
+    lanes = (fresh_lane("hi"), fresh_lane("lo"))
+    step("step: one more request from a tied state", lanes, [tied(*lanes)], MEASURES)
+    for measure in MEASURES:
+        lanes = (fresh_lane("hi"), fresh_lane("lo"))
+        done = lower_done(lo, p, lanes[1], relation)
+        step(
+            f"step: one more request once {lo.profile} is done ({measure})",
+            lanes,
+            [done, ahead(measure, *lanes)],
+            (measure,),
+        )
+
+    lanes = (fresh_lane("hi"), fresh_lane("lo"))
+    for measure, check in checks.items():
+        out.append(
+            Query(
+                f"conclusion: the relation implies {measure} dominance",
+                [*base, related(measure, pair, cfg, lanes, relation)],
+                {check: ahead(measure, *lanes)},
+            )
+        )
+    return out
+
+
+def compiled_queries(subject: Subject, layout_name: str) -> list[Query]:
+    """The stored template of ``spec/compiled_book.py`` (what the reference runs) read back
+    on z3 symbols equals, function by function, what ``StepBook`` and the policy compute
+    on them: for every ledger, request and config vLLM accepts."""
+    layout = next(layout for layout in COMPILED_LAYOUTS if layout.name == layout_name)
+    symbols = book_symbols()
+    b, s, m, k = (symbols.params[name] for name in PARAMS)
+    cfg = SymConfig(b, s, m, k, StepParams(b, s, m, k, layout))
+    premises = cfg.engine()
+    shown = dict(symbols.arguments)
+    spec = book_formulas(subject.policy, layout, symbols, subject.book)
+    template = TEMPLATES.get((subject.policy.name, layout_name))
+    try:
+        if template is None:
+            raise UnreadableSource(f"no stored template: run {REGENERATE}")
+        stored = read_template(template, symbols)
+    except UnreadableSource as err:
+        return [Query(f"stored template: {err}", premises, {"compiled": z3.BoolVal(False)})]
+    out = []
+    for name, outputs in spec.items():
+        label = f"{name}: stored == spec"
+        try:
+            got = stored[name]
+            if len(got) != len(outputs):
+                raise UnreadableSource(f"{len(got)} outputs, the spec has {len(outputs)}")
+            goal = z3.And(*(a == _term(b) for a, b in zip(got, outputs, strict=True)))
+        except (UnreadableSource, z3.Z3Exception) as err:
+            label, goal = f"{name}: {err}", z3.BoolVal(False)
+        out.append(Query(label, premises, {"compiled": goal}, shown))
+    return out
+
+
+def _term(value: Any) -> Any:
+    """A spec output as a z3 term (the code may return a plain int or bool)."""
+    if isinstance(value, bool):
+        return z3.BoolVal(value)
+    return z3.IntVal(value) if isinstance(value, int) else value
 
 
 def family_queries(
@@ -491,6 +606,7 @@ def family_queries(
         "C3": c3_queries,
         "C4": c4_queries,
         "C5": c5_queries,
+        "compiled": compiled_queries,
     }
     if family == "C6":
         lower = lower_of(profile)

@@ -18,7 +18,7 @@ from .scheduler import UnmirroredVllmCrash
 
 def schedule(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    run = ScenarioRun(scenario, profile=args.profile, max_steps=args.max_steps, check="record")
+    run = ScenarioRun(scenario, profile=args.profile, max_steps=args.max_steps, check="collect")
     violations = run.scheduler.violations
     try:
         for record in run.records():

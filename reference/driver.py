@@ -1,33 +1,103 @@
-"""Turn a Scenario into the event stream of an engine, and run it.
+"""The one event driver: an engine run as the event stream its schedulers are fed.
 
 One engine step is: the arrivals and aborts due before it, ``ScheduleStep``, then the
-``ModelOutput`` of that step and the ``DraftProposals`` for the next. ``ScenarioDriver``
-makes those events from the scenario and from what the reference decided, so that other
-consumers (the live vLLM adapter) can be fed the very same stream in lockstep:
+``ModelOutput`` of that step and the ``DraftProposals`` for the next. ``EventDriver``
+makes those events from the requests it was given and from what the reference decided;
+how many drafts a step accepts and how many the drafter proposes come from a ``Draws``
+source (a scenario's tables, ``ScenarioDraws``, or a caller's draws, such as the fuzz's),
+and the driver keeps what it drew, so that any run can be written back as a scenario with
+explicit tables (``EventDriver.scenario``) that replays it event for event.
 
-    driver = ScenarioDriver(scenario)
-    while not driver.done(state):
-        for event in driver.before_step():   # AddRequest/Abort..., ScheduleStep
-            record = consumer.handle(event)
-        for event in driver.after_step(record, state):   # ModelOutput, DraftProposals
-            consumer.handle(event)
+``drive`` runs a driver to the end against a reference and any other consumers::
 
-``state`` is the reference's ``SchedulerState`` right after the step was scheduled.
+    for step in drive(EventDriver.of(scenario), reference, live):
+        step.record  # the reference's StepRecord; every event of the step is fed
+
+Every event goes to the reference first, then to each other consumer. A consumer that
+compares (the lockstep pair of integration/lockstep.py) is itself the reference here: it
+raises before the step's outputs are fed when the two decide differently.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
+from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.profiles import profile_named
 
-from .contract import CheckMode
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, ScheduleStep, StepRecord
-from .scenario import RequestSpec, Scenario
+from .scenario import Acceptance, Drafts, RequestSpec, Scenario
 from .scheduler import Scheduler
 from .state import SchedulerState
+from .violations import CheckMode
+
+
+class Draws(Protocol):
+    """Where a run's model outcomes come from, for the requests of a step that reached
+    the end of their prompt (in the order of its ``num_scheduled_tokens``): first
+    ``accepted`` for each that had real drafts to verify (in ``[0, real_drafts]``), then,
+    only with ``K > 0``, ``proposed`` for all of them at once (each in ``[0, K]``)."""
+
+    def accepted(self, step: int, request_id: str, real_drafts: int) -> int: ...
+
+    def proposed(self, step: int, request_ids: list[str]) -> dict[str, int]: ...
+
+
+class ScenarioDraws:
+    """A scenario's ``acceptance`` and ``drafts`` tables (docs/reference.md)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.acceptance = scenario.acceptance
+        self.drafts = scenario.drafts
+        self.k = scenario.config.num_speculative_tokens
+        # One generator, reseeded per (step, request): the same draws as a fresh one.
+        self._rng = random.Random()
+
+    def accepted(self, step: int, request_id: str, real_drafts: int) -> int:
+        acceptance = self.acceptance
+        if acceptance.per_position is not None:
+            # Seeded per (step, request): the draw does not depend on iteration order.
+            # (Reseeding one generator draws what ``random.Random(seed)`` would.)
+            rng = self._rng
+            rng.seed(f"{acceptance.seed}:{step}:{request_id}")
+            draw = rng.random
+            probs = acceptance.per_position
+            accepted = 0
+            for position in range(real_drafts):
+                prob = probs[position] if position < len(probs) else 0.0
+                if draw() >= prob:
+                    break
+                accepted += 1
+            return accepted
+        if acceptance.explicit is not None:
+            return min(acceptance.explicit.get(step, {}).get(request_id, 0), real_drafts)
+        return min(acceptance.fixed or 0, real_drafts)
+
+    def proposed(self, step: int, request_ids: list[str]) -> dict[str, int]:
+        drafts = self.drafts
+        if drafts is None:
+            return dict.fromkeys(request_ids, self.k)
+        if drafts.fixed is not None:
+            return dict.fromkeys(request_ids, drafts.fixed)
+        row = (drafts.explicit or {}).get(step, {})
+        return {rid: row.get(rid, 0) for rid in request_ids}
+
+
+class Consumer(Protocol):
+    """Anything fed the event stream: the reference, vLLM behind ``LiveScheduler``."""
+
+    def handle(self, event: Event) -> StepRecord | None: ...
+
+
+class Reference(Consumer, Protocol):
+    """The consumer whose decisions the stream follows: its ``state`` right after a
+    ``ScheduleStep`` says which requests sampled, and when the run is over."""
+
+    @property
+    def state(self) -> SchedulerState: ...
 
 
 @dataclass(frozen=True)
@@ -45,30 +115,101 @@ class Stall:
         )
 
 
-class ScenarioDriver:
-    def __init__(self, scenario: Scenario, max_steps: int | None = None) -> None:
-        self.scenario = scenario
+@dataclass(frozen=True, slots=True)
+class DrivenStep:
+    """One step as it was fed: every event, and the reference's record of it."""
+
+    record: StepRecord
+    before: list[Event]
+    """The arrivals and aborts due before the step, then its ``ScheduleStep``."""
+    output: ModelOutput
+    proposals: DraftProposals | None
+    """None without speculative decoding (K = 0): no drafter, no proposals."""
+    rejected_drafts: int
+    """Requests of the step that verified real drafts and had some of them rejected."""
+
+    @property
+    def events(self) -> list[Event]:
+        after: list[Event] = (
+            [self.output] if self.proposals is None else [self.output, self.proposals]
+        )
+        return [*self.before, *after]
+
+
+class EventDriver:
+    """The event stream of one engine run (one profile and config).
+
+    Requests may be given up front (a scenario) or added as the run goes (``add``, at or
+    after the next step; ``abort``): arrivals come in the order they were added, and
+    their rank is vLLM's ``arrival_time`` (priority ties break on it).
+    """
+
+    def __init__(
+        self,
+        profile: str,
+        config: EngineConfig,
+        draws: Draws,
+        requests: Iterable[RequestSpec] = (),
+        *,
+        max_steps: int | None = None,
+    ) -> None:
+        self.profile = profile
+        self.config = config
+        self.draws = draws
         self.max_steps = max_steps
-        self.k = scenario.config.num_speculative_tokens
+        self.k = config.num_speculative_tokens
         self.step = 0
         """The index of the next ScheduleStep."""
         self.stall: Stall | None = None
+        self.requests: list[RequestSpec] = []
+        """Every request given so far, in the order given (up front: by arrival step)."""
+        self.aborts: dict[str, int] = {}
+        """Request id -> the step it is aborted before."""
+        self.accepted: dict[int, dict[str, int]] = {}
+        self.proposed: dict[int, dict[str, int]] = {}
+        """What ``draws`` answered, per step and request (zeros left out)."""
         # Arrivals and aborts by step, so that a step looks up its own instead of scanning
-        # every request: arrivals in (arrival_step, scenario order), aborts in scenario order.
+        # every request.
         self._arrivals: dict[int, list[RequestSpec]] = {}
-        for request in sorted(scenario.requests, key=lambda r: r.arrival_step):
-            self._arrivals.setdefault(request.arrival_step, []).append(request)
-        self._aborts: dict[int, list[str]] = {}
-        for request in scenario.requests:
-            if request.abort_step is not None:
-                self._aborts.setdefault(request.abort_step, []).append(request.id)
+        self._aborts_at: dict[int, list[str]] = {}
         self._added = 0
-        # One generator, reseeded per (step, request): the same draws as a fresh one.
-        self._rng = random.Random()
-        self._last_event_step = max(
-            max(r.arrival_step, r.abort_step if r.abort_step is not None else 0)
-            for r in scenario.requests
+        self._last_event_step = 0
+        # Arrivals in (arrival_step, the order given).
+        for request in sorted(requests, key=lambda r: r.arrival_step):
+            self.add(request)
+
+    @classmethod
+    def of(cls, scenario: Scenario, max_steps: int | None = None) -> EventDriver:
+        """The driver of a scenario: its requests, its tables."""
+        return cls(
+            scenario.profile,
+            scenario.config,
+            ScenarioDraws(scenario),
+            scenario.requests,
+            max_steps=max_steps,
         )
+
+    def add(self, request: RequestSpec) -> None:
+        """``request`` arrives before step ``request.arrival_step`` (not a past one)."""
+        if request.arrival_step < self.step:
+            raise ValueError(
+                f"request {request.id!r} arrives at step {request.arrival_step},"
+                f" but step {self.step} is next"
+            )
+        self.requests.append(request)
+        self._arrivals.setdefault(request.arrival_step, []).append(request)
+        self._last_event_step = max(self._last_event_step, request.arrival_step)
+        if request.abort_step is not None:
+            self.abort(request.id, request.abort_step)
+
+    def abort(self, request_id: str, step: int | None = None) -> None:
+        """Abort ``request_id`` before ``step`` (the next one by default); once."""
+        if request_id in self.aborts:
+            return
+        step = self.step if step is None else step
+        self.aborts[request_id] = step
+        self._aborts_at.setdefault(step, []).append(request_id)
+        self._last_event_step = max(self._last_event_step, step)
 
     def done(self, state: SchedulerState) -> bool:
         if self.stall is not None:
@@ -88,7 +229,59 @@ class ScenarioDriver:
                     return False
         return all(r.finished for r in requests.values())
 
-    def before_step(self) -> list[Event]:
+    def advance(self, reference: Reference, *others: Consumer) -> DrivenStep:
+        """Run step ``self.step``: feed its events to ``reference``, then to ``others``,
+        event by event."""
+        before = self._before_step()
+        record = None
+        for event in before:
+            record = reference.handle(event)
+            for other in others:
+                other.handle(event)
+        assert record is not None  # the events end with a ScheduleStep
+        step = self._after_step(record, reference.state, before)
+        after: tuple[Event, ...] = (
+            (step.output,) if step.proposals is None else (step.output, step.proposals)
+        )
+        for event in after:
+            reference.handle(event)
+            for other in others:
+                other.handle(event)
+        self.step = record.step + 1
+        return step
+
+    def scenario(self, upto_step: int | None = None) -> Scenario:
+        """Every event up to and including step ``upto_step`` (all by default), as a
+        scenario whose acceptance and draft tables are what was drawn."""
+        last = max(self.step, self._last_event_step) if upto_step is None else upto_step
+        requests = tuple(
+            RequestSpec(
+                r.id,
+                r.prompt_len,
+                r.max_tokens,
+                r.arrival_step,
+                r.priority,
+                self.aborts[r.id] if self.aborts.get(r.id, last + 1) <= last else None,
+            )
+            for r in self.requests
+            if r.arrival_step <= last
+        )
+        if not requests:  # the format wants one; it arrives after the last step kept
+            requests = (RequestSpec("unused", 1, 1, last + 1),)
+        return Scenario(
+            self.profile,
+            self.config,
+            requests,
+            Acceptance(
+                fixed=None,
+                explicit={s: dict(row) for s, row in self.accepted.items() if s <= last},
+            ),
+            Drafts(explicit={s: dict(row) for s, row in self.proposed.items() if s <= last})
+            if self.k > 0
+            else None,
+        )
+
+    def _before_step(self) -> list[Event]:
         """The arrivals and aborts due before step ``self.step``, then its ScheduleStep."""
         events: list[Event] = []
         for request in self._arrivals.get(self.step, ()):
@@ -103,67 +296,51 @@ class ScenarioDriver:
                 )
             )
             self._added += 1
-        events += [Abort(rid) for rid in self._aborts.get(self.step, ())]
+        events += [Abort(rid) for rid in self._aborts_at.get(self.step, ())]
         events.append(ScheduleStep())
         return events
 
-    def after_step(self, record: StepRecord, state: SchedulerState) -> list[Event]:
-        """The step's ModelOutput and the DraftProposals that follow it."""
+    def _after_step(
+        self, record: StepRecord, state: SchedulerState, before: list[Event]
+    ) -> DrivenStep:
+        """The step's ModelOutput and the DraftProposals that follow it, drawn and kept."""
         num_sampled: dict[str, int] = {}
         decoding: list[str] = []
         requests, step = state.requests, record.step
         spec_tokens = record.scheduled_spec_tokens
-        padded = set(state.last_padded)
+        padded = state.last_padded
+        draw_accepted = self.draws.accepted
+        accepted_row: dict[str, int] = {}
+        rejected = 0
         for rid in record.num_scheduled_tokens:
             request = requests[rid]
             # request.num_tokens, inlined
             if request.num_computed_tokens < request.prompt_len + request.num_output_tokens:
                 num_sampled[rid] = 0  # a prefill chunk short of the prompt's end
                 continue
-            real_drafts = 0 if rid in padded else spec_tokens.get(rid, 0)
-            num_sampled[rid] = 1 + (self._accepted(step, rid, real_drafts) if real_drafts else 0)
-            decoding.append(rid)
-        events: list[Event] = [ModelOutput(num_sampled)]
-        if self.k > 0:
-            drafts = self.scenario.drafts
-            if drafts is None:
-                proposals = dict.fromkeys(decoding, self.k)
+            # Padding placeholders are verified but never accepted: only real drafts are.
+            real = 0 if rid in padded else spec_tokens.get(rid, 0)
+            if real:
+                accepted = draw_accepted(step, rid, real)
+                if accepted:
+                    accepted_row[rid] = accepted
+                if accepted < real:
+                    rejected += 1
+                num_sampled[rid] = 1 + accepted
             else:
-                proposals = {rid: self._proposed(step, rid) for rid in decoding}
-            events.append(DraftProposals(proposals))
+                num_sampled[rid] = 1
+            decoding.append(rid)
+        if accepted_row:
+            self.accepted[step] = accepted_row
+        proposals = None
+        if self.k > 0:
+            num_drafts = self.draws.proposed(step, decoding)
+            row = {rid: n for rid, n in num_drafts.items() if n}
+            if row:
+                self.proposed[step] = row
+            proposals = DraftProposals(num_drafts)
         self._note_stall(record, state)
-        self.step = record.step + 1
-        return events
-
-    def _accepted(self, step: int, rid: str, drafts: int) -> int:
-        acceptance = self.scenario.acceptance
-        if drafts == 0:
-            return 0
-        if acceptance.per_position is not None:
-            # Seeded per (step, request): the draw does not depend on iteration order.
-            # (Reseeding one generator draws what ``random.Random(seed)`` would.)
-            rng = self._rng
-            rng.seed(f"{acceptance.seed}:{step}:{rid}")
-            draw = rng.random
-            probs = acceptance.per_position
-            accepted = 0
-            for position in range(drafts):
-                prob = probs[position] if position < len(probs) else 0.0
-                if draw() >= prob:
-                    break
-                accepted += 1
-            return accepted
-        if acceptance.explicit is not None:
-            return min(acceptance.explicit.get(step, {}).get(rid, 0), drafts)
-        return min(acceptance.fixed or 0, drafts)
-
-    def _proposed(self, step: int, rid: str) -> int:
-        drafts = self.scenario.drafts
-        if drafts is None:
-            return self.k
-        if drafts.fixed is not None:
-            return drafts.fixed
-        return (drafts.explicit or {}).get(step, {}).get(rid, 0)
+        return DrivenStep(record, before, ModelOutput(num_sampled), proposals, rejected)
 
     def _note_stall(self, record: StepRecord, state: SchedulerState) -> None:
         # A step that scheduled and preempted nothing leaves the state as it was; with no
@@ -173,6 +350,14 @@ class ScenarioDriver:
         unfinished = tuple(rid for rid, r in state.requests.items() if not r.finished)
         if unfinished:
             self.stall = Stall(record.step, unfinished)
+
+
+def drive(driver: EventDriver, reference: Reference, *others: Consumer) -> Iterator[DrivenStep]:
+    """Run ``driver`` to its end (every request finished, a stall, or ``max_steps``),
+    feeding each event to ``reference`` and then to each of ``others``; yields each step
+    once all of its events are fed. A caller that stops pulling stops the run there."""
+    while not driver.done(reference.state):
+        yield driver.advance(reference, *others)
 
 
 class ScenarioRun:
@@ -195,22 +380,17 @@ class ScenarioRun:
             check=check,
             scenario=scenario.to_json(),
         )
-        self.driver = ScenarioDriver(scenario, max_steps)
+        self.driver = EventDriver.of(scenario, max_steps)
 
     @property
     def stall(self) -> Stall | None:
         return self.driver.stall
 
+    def steps(self) -> Iterator[DrivenStep]:
+        return drive(self.driver, self.scheduler)
+
     def records(self) -> Iterator[StepRecord]:
-        scheduler, driver = self.scheduler, self.driver
-        while not driver.done(scheduler.state):
-            record = None
-            for event in driver.before_step():
-                record = scheduler.handle(event)
-            assert record is not None  # before_step ends with a ScheduleStep
-            for event in driver.after_step(record, scheduler.state):
-                scheduler.handle(event)
-            yield record
+        return (step.record for step in self.steps())
 
 
 def run_scenario(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AddRequest:
     request_id: str
     prompt_len: int
@@ -25,17 +25,17 @@ class AddRequest:
     """vLLM's ``arrival_time``; priority scheduling breaks ties on it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Abort:
     request_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ScheduleStep:
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelOutput:
     """Tokens sampled per scheduled request in the step just scheduled.
 
@@ -46,7 +46,7 @@ class ModelOutput:
     num_sampled: dict[str, int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DraftProposals:
     """Draft tokens proposed per request for the next step (vLLM's
     ``update_draft_token_ids``); a request absent from the map proposed none."""
@@ -57,9 +57,9 @@ class DraftProposals:
 Event = AddRequest | Abort | ScheduleStep | ModelOutput | DraftProposals
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One scheduling decision (DESIGN.md section 4)."""
+    """One scheduling decision (docs/design.md §4.2)."""
 
     step: int
     num_scheduled_tokens: dict[str, int]

@@ -14,6 +14,8 @@ takes only the blocks of its first chunk.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .state import RequestState, SchedulerState
 
 
@@ -26,38 +28,44 @@ def usable_blocks(num_gpu_blocks: int) -> int:
     return num_gpu_blocks - 1
 
 
-def blocks_to_allocate(
-    request: RequestState,
-    num_new_tokens: int,
-    *,
-    num_lookahead_tokens: int,
-    max_model_len: int,
-    block_size: int,
-) -> int:
-    """New blocks ``allocate_slots`` would take (``get_num_blocks_to_allocate``)."""
-    computed = min(request.num_computed_tokens, max_model_len)
-    need_slot = min(computed + num_new_tokens + num_lookahead_tokens, max_model_len)
-    return max(cdiv(need_slot, block_size) - request.num_blocks, 0)
+@dataclass(frozen=True, slots=True)
+class KVCacheManager:
+    """``KVCacheManager``'s block accounting for one config, on a state's pool."""
 
+    block_size: int
+    max_model_len: int
+    num_lookahead_tokens: int
 
-def full_sequence_fits(
-    state: SchedulerState, request: RequestState, *, max_model_len: int, block_size: int
-) -> bool:
-    """The ``full_sequence_must_fit`` gate of ``allocate_slots`` for a waiting request:
-    ``cdiv(min(num_tokens, max_model_len), block_size)`` blocks (lookahead not counted)."""
-    full = min(request.num_tokens, max_model_len)
-    return max(cdiv(full, block_size) - request.num_blocks, 0) <= state.free_blocks
+    def allocate_slots(
+        self, state: SchedulerState, request: RequestState, num_new_tokens: int
+    ) -> bool:
+        """Give ``request`` the blocks it needs to compute ``num_new_tokens`` more
+        (``get_num_blocks_to_allocate``: up to ``num_lookahead_tokens`` past them, capped
+        at ``max_model_len``, none taken back); False, and no change, if the pool is short.
 
+        Asked for every scheduled request of every step, so the arithmetic is written out
+        here. (vLLM also caps ``num_computed_tokens`` at ``max_model_len`` first; with
+        ``num_new_tokens, num_lookahead_tokens >= 0`` the outer cap makes that a no-op.)"""
+        need_slot = request.num_computed_tokens + num_new_tokens + self.num_lookahead_tokens
+        if need_slot > self.max_model_len:
+            need_slot = self.max_model_len
+        wanted = -(-need_slot // self.block_size) - request.num_blocks  # cdiv
+        if wanted <= 0:
+            return True
+        if wanted > state.free_blocks:
+            return False
+        state.free_blocks -= wanted
+        request.num_blocks += wanted
+        return True
 
-def try_allocate(state: SchedulerState, request: RequestState, num_blocks: int) -> bool:
-    """Take ``num_blocks`` from the pool for ``request``; False (and no change) if short."""
-    if num_blocks > state.free_blocks:
-        return False
-    state.free_blocks -= num_blocks
-    request.num_blocks += num_blocks
-    return True
+    def full_sequence_fits(self, state: SchedulerState, request: RequestState) -> bool:
+        """The ``full_sequence_must_fit`` gate of ``allocate_slots`` for a waiting request:
+        ``cdiv(min(num_tokens, max_model_len), block_size)`` blocks (lookahead not counted)."""
+        full = min(request.num_tokens, self.max_model_len)
+        return max(cdiv(full, self.block_size) - request.num_blocks, 0) <= state.free_blocks
 
-
-def free(state: SchedulerState, request: RequestState) -> None:
-    state.free_blocks += request.num_blocks
-    request.num_blocks = 0
+    @staticmethod
+    def free(state: SchedulerState, request: RequestState) -> None:
+        """``free``: every block of ``request`` goes back to the pool."""
+        state.free_blocks += request.num_blocks
+        request.num_blocks = 0

@@ -16,14 +16,12 @@ import sys
 from dataclasses import dataclass, field
 
 from dualbudget.spec.errors import BadInput
-from dualbudget.spec.profiles import Profile, profile_named
+from dualbudget.spec.profiles import KNOWN_RELEASES, Profile, profile_named
 
-from .contract import RecordedViolation
 from .events import ScheduleStep, StepRecord
 from .scheduler import Scheduler
 from .trace import Trace, TraceError, read_trace
-
-KNOWN_RELEASES = {"0.32": "vllm-0.32", "0.33": "vllm-0.33"}
+from .violations import StepViolation
 
 
 def profile_for_vllm_version(version: str) -> Profile:
@@ -43,7 +41,7 @@ class ReplayResult:
     steps_checked: int = 0
     divergence: tuple[int, StepRecord, StepRecord] | None = None
     """(step, recorded, reference) at the first decision that differs."""
-    violations: list[RecordedViolation] = field(default_factory=list)
+    violations: list[StepViolation] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -63,7 +61,7 @@ def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
             " does not model (record with enable_prefix_caching off)"
         )
     chosen = profile or profile_for_vllm_version(trace.header.vllm_version)
-    scheduler = Scheduler(trace.header.config, chosen, check="record")
+    scheduler = Scheduler(trace.header.config, chosen, check="collect")
     result = ReplayResult(trace.path, chosen.name)
     for entry in trace.entries:
         if not isinstance(entry, StepRecord):

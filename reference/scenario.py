@@ -1,16 +1,17 @@
 """The Scenario format (``dualbudget-scenario``, version 1): load, validate, write.
 
 A scenario is what ``dualbudget schedule`` runs, what proofs write as witnesses and what
-the fuzzer writes on a divergence. See docs/reference.md for the format. Every key is
-checked: an unknown key is an error (a typo must not become a silent default), and every
-error names the field it is about.
+the fuzzer writes on a divergence. See docs/reference.md for the format; its keys and its
+writer live in ``spec/scenario_format.py`` (the proofs write witnesses with it too). Every
+key is checked: an unknown key is an error (a typo must not become a silent default), and
+every error names the field it is about.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,28 @@ from typing import Any
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig, check_engine_config
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import UnknownProfile, profile_named
+from dualbudget.spec.scenario_format import (
+    ACCEPTANCE_KINDS,
+    FORMAT,
+    REQUEST_OPTIONAL,
+    REQUEST_REQUIRED,
+    SCENARIO_OPTIONAL,
+    SCENARIO_REQUIRED,
+    SPECULATIVE_OPTIONAL,
+    SPECULATIVE_REQUIRED,
+    VERSION,
+    acceptance_json,
+    drafts_json,
+    request_json,
+    scenario_json,
+)
+
+# Re-exported: the trace header and the simulator read and write the config alone.
+from dualbudget.spec.scenario_format import CONFIG_INTS as CONFIG_INTS
+from dualbudget.spec.scenario_format import CONFIG_OPTIONAL as CONFIG_OPTIONAL
+from dualbudget.spec.scenario_format import config_to_json as config_to_json
 
 from .kv import cdiv, usable_blocks
-
-FORMAT = "dualbudget-scenario"
-VERSION = 1
 
 
 class ScenarioError(BadInput):
@@ -103,12 +121,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def parse_scenario(obj: object) -> Scenario:
     top = _object(obj, "scenario")
-    _keys(
-        top,
-        "scenario",
-        {"profile", "config", "requests"},
-        {"format", "version", "acceptance", "drafts"},
-    )
+    _keys(top, "scenario", SCENARIO_REQUIRED, SCENARIO_OPTIONAL)
     if "format" in top and top["format"] != FORMAT:
         raise ScenarioError("format", f"expected {FORMAT!r}, got {top['format']!r}")
     if "version" in top and top["version"] != VERSION:
@@ -180,7 +193,7 @@ def _object(value: object, where: str) -> dict[str, Any]:
     return value
 
 
-def _keys(obj: Mapping[str, Any], where: str, required: set[str], optional: set[str]) -> None:
+def _keys(obj: Mapping[str, Any], where: str, required: Set[str], optional: Set[str]) -> None:
     unknown = sorted(set(obj) - required - optional)
     if unknown:
         raise ScenarioError(
@@ -206,22 +219,6 @@ def _bool(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         raise ScenarioError(where, f"must be true or false, got {value!r}")
     return value
-
-
-CONFIG_INTS = (
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "max_model_len",
-    "block_size",
-    "num_gpu_blocks",
-)
-CONFIG_OPTIONAL = {
-    "enable_chunked_prefill",
-    "long_prefill_token_threshold",
-    "scheduling_policy",
-    "max_num_scheduled_tokens",
-    "speculative_config",
-}
 
 
 def _config(value: object) -> EngineConfig:
@@ -258,7 +255,7 @@ def _speculative(value: object) -> SpeculativeConfig | None:
         return None
     where = "config.speculative_config"
     obj = _object(value, where)
-    _keys(obj, where, {"method", "num_speculative_tokens"}, {"parallel_drafting", "dspark_layout"})
+    _keys(obj, where, SPECULATIVE_REQUIRED, SPECULATIVE_OPTIONAL)
     method = obj["method"]
     if not isinstance(method, str):
         raise ScenarioError(f"{where}.method", f"must be a string, got {method!r}")
@@ -283,12 +280,7 @@ def _requests(value: object) -> tuple[RequestSpec, ...]:
     for i, item in enumerate(value):
         where = f"requests[{i}]"
         obj = _object(item, where)
-        _keys(
-            obj,
-            where,
-            {"id", "prompt_len", "max_tokens"},
-            {"arrival_step", "priority", "abort_step"},
-        )
+        _keys(obj, where, REQUEST_REQUIRED, REQUEST_OPTIONAL)
         rid = obj["id"]
         if isinstance(rid, bool) or not isinstance(rid, (str, int)):
             raise ScenarioError(f"{where}.id", f"must be a string, got {rid!r}")
@@ -332,7 +324,7 @@ def _per_step(
 
 def _acceptance(value: object, ids: set[str]) -> Acceptance:
     obj = _object(value, "acceptance")
-    kinds = [kind for kind in ("fixed", "per_position", "explicit") if kind in obj]
+    kinds = [kind for kind in ACCEPTANCE_KINDS if kind in obj]
     if len(kinds) != 1:
         raise ScenarioError(
             "acceptance", "must have exactly one of 'fixed', 'per_position', 'explicit'"
@@ -378,80 +370,24 @@ def _drafts(value: object, ids: set[str], k: int) -> Drafts:
 # -- writing ---------------------------------------------------------------------------
 def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
     """The JSON object ``parse_scenario`` reads back into an equal scenario."""
-    c = scenario.config
-    config: dict[str, Any] = {name: getattr(c, name) for name in CONFIG_INTS}
-    config.update(
-        enable_chunked_prefill=c.enable_chunked_prefill,
-        long_prefill_token_threshold=c.long_prefill_token_threshold,
-        scheduling_policy=c.scheduling_policy,
+    a, d = scenario.acceptance, scenario.drafts
+    return scenario_json(
+        scenario.profile,
+        scenario.config,
+        [
+            request_json(r.id, r.prompt_len, r.max_tokens, r.arrival_step, r.priority, r.abort_step)
+            for r in scenario.requests
+        ],
+        acceptance_json(a.fixed, a.per_position, a.seed, a.explicit),
+        None if d is None else drafts_json(d.fixed, d.explicit),
     )
-    if c.max_num_scheduled_tokens is not None:
-        config["max_num_scheduled_tokens"] = c.max_num_scheduled_tokens
-    if c.speculative_config is not None:
-        s = c.speculative_config
-        spec: dict[str, Any] = {
-            "method": s.method,
-            "num_speculative_tokens": s.num_speculative_tokens,
-            "parallel_drafting": s.parallel_drafting,
-        }
-        if s.dspark_layout is not None:
-            spec["dspark_layout"] = s.dspark_layout
-        config["speculative_config"] = spec
-    out: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "profile": scenario.profile,
-        "config": config,
-        "requests": [_request_json(r) for r in scenario.requests],
-        "acceptance": _acceptance_json(scenario.acceptance),
-    }
-    if scenario.drafts is not None:
-        d = scenario.drafts
-        out["drafts"] = (
-            {"fixed": d.fixed}
-            if d.fixed is not None
-            else {"explicit": _table_json(d.explicit or {})}
-        )
-    return out
 
 
 def dump_scenario(scenario: Scenario, path: str | Path) -> None:
     Path(path).write_text(json.dumps(scenario_to_json(scenario), indent=2) + "\n")
 
 
-def _request_json(r: RequestSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": r.id,
-        "prompt_len": r.prompt_len,
-        "max_tokens": r.max_tokens,
-        "arrival_step": r.arrival_step,
-        "priority": r.priority,
-    }
-    if r.abort_step is not None:
-        out["abort_step"] = r.abort_step
-    return out
-
-
-def _acceptance_json(a: Acceptance) -> dict[str, Any]:
-    if a.per_position is not None:
-        return {"per_position": list(a.per_position), "seed": a.seed}
-    if a.explicit is not None:
-        return {"explicit": _table_json(a.explicit)}
-    return {"fixed": a.fixed}
-
-
-def _table_json(table: Mapping[int, Mapping[str, int]]) -> dict[str, dict[str, int]]:
-    return {str(step): dict(row) for step, row in sorted(table.items())}
-
-
 # -- the config alone (traces carry it in their header) ---------------------------------
 def parse_config(value: object) -> EngineConfig:
     """Read a ``config`` object (vLLM's names), checking keys and types."""
     return _config(value)
-
-
-def config_to_json(config: EngineConfig) -> dict[str, Any]:
-    """The ``config`` object ``parse_config`` reads back into an equal config."""
-    probe = Scenario("dual", config, (RequestSpec("0", 1, 1),))
-    config_json: dict[str, Any] = scenario_to_json(probe)["config"]
-    return config_json

@@ -14,7 +14,7 @@ Where vLLM 0.32 and 0.33 differ inside the subset, the branch follows the profil
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,6 @@ from dualbudget.spec.policies import Ledger, StepParams
 from dualbudget.spec.profiles import Profile
 
 from . import kv
-from .contract import CheckMode, ContractViolation, RecordedViolation
 from .events import (
     Abort,
     AddRequest,
@@ -45,6 +44,7 @@ from .state import (
     RequestState,
     SchedulerState,
 )
+from .violations import CHECK_MODES, CheckMode, ContractViolation, StepViolation
 
 # vLLM's ``num_sampled_tokens_per_step`` for a generative model: each scheduled step that
 # reaches the end of the prompt samples one token past the verified drafts.
@@ -60,7 +60,7 @@ class UnmirroredVllmCrash(RuntimeError):
     """A state in which vLLM itself fails an assertion; the reference refuses to guess."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     """What one ``schedule`` call builds; it dies with the call."""
 
@@ -68,12 +68,12 @@ class _Step:
     input_budget: int
     """The step's ledger, moved only by the budget kernel (``spec.kernel``)."""
     scheduled: dict[str, int]
-    """The book's record: the tokens each request was charged for. The charge itself is
-    the policy's charge of that many tokens, a function of them alone."""
+    """The book's entries: the tokens each request was charged for. The charge itself is
+    the policy's charge of that many tokens, a function of them alone. Until the
+    waiting loop starts, these are vLLM's ``scheduled_running_reqs``."""
     spec: dict[str, int]
     padded: list[str]
     preempted: list[str]
-    scheduled_running: list[str]
     prefill_scheduled: bool = False
 
 
@@ -90,6 +90,8 @@ class Scheduler:
         scenario: Mapping[str, Any] | None = None,
         state: SchedulerState | None = None,
     ) -> None:
+        if check not in CHECK_MODES:
+            raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
         check_engine_config(config)
         profile.policy.validate(config)
         self.config = config
@@ -107,10 +109,17 @@ class Scheduler:
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
-        # Config numbers read on every request of every step, kept as plain attributes.
-        self.max_model_len = config.max_model_len
-        self.block_size = config.block_size
-        self.violations: list[RecordedViolation] = []
+        self.kv = kv.KVCacheManager(
+            config.block_size, config.max_model_len, self.num_lookahead_tokens
+        )
+        self.violations: list[StepViolation] = []
+        self._handlers: dict[type, Callable[[Any], StepRecord | None]] = {
+            ScheduleStep: self._schedule,
+            ModelOutput: self._update_from_output,
+            DraftProposals: self._update_draft_token_ids,
+            AddRequest: self._add_request,
+            Abort: self._abort,
+        }
         self.state = state.copy() if state is not None else self.initial_state(config)
 
     @staticmethod
@@ -118,7 +127,7 @@ class Scheduler:
         return SchedulerState(free_blocks=kv.usable_blocks(config.num_gpu_blocks))
 
     def fork(self) -> Scheduler:
-        """An independent scheduler at the same state (violations recorded so far kept)."""
+        """An independent scheduler at the same state (violations collected so far kept)."""
         twin = Scheduler(
             self.config, self.profile, check=self.check, scenario=self.scenario, state=self.state
         )
@@ -127,19 +136,14 @@ class Scheduler:
 
     # -- events ----------------------------------------------------------------------
     def handle(self, event: Event) -> StepRecord | None:
-        if isinstance(event, ScheduleStep):
-            return self._schedule()
-        if isinstance(event, ModelOutput):
-            self._update_from_output(event)
-        elif isinstance(event, DraftProposals):
-            self._update_draft_token_ids(event)
-        elif isinstance(event, AddRequest):
-            self._add_request(event)
-        elif isinstance(event, Abort):
-            self._finish(event.request_id, FINISHED_ABORTED)
-        else:
+        # The event classes are final: one lookup by type dispatches every event.
+        handler = self._handlers.get(type(event))
+        if handler is None:
             raise InvalidEvent(f"unknown event {event!r}")
-        return None
+        return handler(event)
+
+    def _abort(self, event: Abort) -> None:
+        self._finish(event.request_id, FINISHED_ABORTED)
 
     def _add_request(self, event: AddRequest) -> None:
         if event.request_id in self.state.requests:
@@ -163,12 +167,12 @@ class Scheduler:
         self.state.num_arrivals += 1
 
     # -- schedule --------------------------------------------------------------------
-    def _schedule(self) -> StepRecord:
+    def _schedule(self, _: ScheduleStep) -> StepRecord:
         state = self.state
         step_index = state.num_steps
         state.num_steps += 1
         p, policy = self.params, self.policy
-        step = _Step(*self.kernel.opened, {}, {}, [], [], [])
+        step = _Step(*self.kernel.opened, {}, {}, [], [])
 
         # Scheduler.schedule: the threshold only bites when someone could be starved.
         threshold = self.config.long_prefill_token_threshold
@@ -214,19 +218,14 @@ class Scheduler:
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """The RUNNING loop of ``Scheduler.schedule``.
 
-        The hottest loop of the reference: the request's counters, the ledger and the
-        pool's free blocks live in locals, written back around the rare preemption path.
-        """
-        state = self.state
+        It runs for every running request of every step, the reference's hottest loop:
+        the methods it calls are looked up once, and ``num_tokens`` is read off its
+        fields rather than through the property."""
+        state, kernel = self.state, self.kernel
         running, requests = state.running, state.requests
-        scheduled, spec = step.scheduled, step.spec
-        mark_running = step.scheduled_running.append
-        max_model_len, block_size = self.max_model_len, self.block_size
-        lookahead = self.num_lookahead_tokens
-        exhausted, grant, take = self.kernel.exhausted, self.kernel.grant, self.kernel.take
-        token_budget, input_budget = step.token_budget, step.input_budget
-        free_blocks = state.free_blocks
-        done = exhausted(token_budget, input_budget)
+        max_model_len = self.config.max_model_len
+        grant, allocate_slots, take = kernel.grant, self.kv.allocate_slots, self._take
+        done = kernel.exhausted(step.token_budget, step.input_budget)
         index = 0
         while not done and index < len(running):
             rid = running[index]
@@ -234,11 +233,10 @@ class Scheduler:
             computed = request.num_computed_tokens
             num_tokens = request.prompt_len + request.num_output_tokens
             drafts = request.num_drafts
-            # request.num_tokens_with_spec, inlined
-            need = num_tokens + drafts - computed
+            need = num_tokens + drafts - computed  # request.num_tokens_with_spec - computed
             if 0 < threshold < need:
                 need = threshold
-            q = grant(token_budget, input_budget, need)
+            q = grant(step.token_budget, step.input_budget, need)
             # The position cap vLLM applies for spec decoding: keep one slot for the
             # sampled token below max_model_len.
             cap = max_model_len - computed - NUM_SAMPLED_PER_STEP
@@ -248,38 +246,19 @@ class Scheduler:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
                 continue
-
-            # kv.blocks_to_allocate and kv.try_allocate, inlined for the common case that
-            # the pool has the blocks; otherwise the allocate/preempt loop below.
-            slot = (computed if computed < max_model_len else max_model_len) + q + lookahead
-            if slot > max_model_len:
-                slot = max_model_len
-            wanted = -(-slot // block_size) - request.num_blocks
-            if wanted <= free_blocks:
-                if wanted > 0:
-                    free_blocks -= wanted
-                    request.num_blocks += wanted
-            else:
+            if not allocate_slots(state, request, q):
                 # Preempting a request scheduled earlier in this step refunds its charge.
-                step.token_budget, step.input_budget = token_budget, input_budget
-                state.free_blocks = free_blocks
                 allocated, index = self._allocate_or_preempt(step, request, q, index)
-                token_budget, input_budget = step.token_budget, step.input_budget
-                done = exhausted(token_budget, input_budget)
-                free_blocks = state.free_blocks
                 if not allocated:
                     if self.semantics == "0.33" and self.priority and request.status == PREEMPTED:
                         # vLLM 0.33 Scheduler.schedule: a priority request that preempted
                         # itself freed its blocks; the higher-priority ones after it may
                         # still fit, and ``index`` already points at the next one. (0.32
                         # stops here.)
+                        done = kernel.exhausted(step.token_budget, step.input_budget)
                         continue
                     break
-
-            # _take, inlined: the policy's charge, and the book's record of it.
-            token_budget, input_budget, done = take(token_budget, input_budget, q)
-            scheduled[rid] = q
-            mark_running(rid)
+            done = take(step, rid, q)
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
             index += 1
@@ -288,21 +267,17 @@ class Scheduler:
                 # dropped (vLLM clears spec_token_ids once the request is scheduled).
                 num_spec = q + computed - num_tokens
                 if num_spec > 0:
-                    spec[rid] = drafts if drafts < num_spec else num_spec
+                    step.spec[rid] = drafts if drafts < num_spec else num_spec
                 request.num_drafts = 0
-        step.token_budget, step.input_budget = token_budget, input_budget
-        state.free_blocks = free_blocks
 
     def _allocate_or_preempt(
         self, step: _Step, request: RequestState, q: int, index: int
     ) -> tuple[bool, int]:
-        """The ``allocate_slots`` retry loop of the RUNNING loop: preempt until ``request``
-        fits or it preempted itself. Returns (allocated, the index of ``request``)."""
+        """The ``allocate_slots`` retry loop of the RUNNING loop, once the pool is short:
+        preempt until ``request`` fits or it preempted itself. Returns (allocated, the
+        index of ``request``)."""
         state = self.state
         while True:
-            wanted = self._blocks_for(request, q)
-            if kv.try_allocate(state, request, wanted):
-                return True, index
             victim = self._pick_victim()
             victim_index = state.running.index(victim.request_id)
             del state.running[victim_index]
@@ -312,16 +287,17 @@ class Scheduler:
             if charged_for is not None:
                 # Only priority scheduling can pick a victim already scheduled this step
                 # (FCFS takes the last running request, never one before ``request``).
-                # The book refunds exactly what it charged, once: the record is gone.
+                # The book refunds exactly what it charged, once: the entry is gone.
                 step.token_budget, step.input_budget = self.kernel.give_back(
                     step.token_budget, step.input_budget, charged_for
                 )
                 step.spec.pop(victim.request_id, None)
-                step.scheduled_running.remove(victim.request_id)
             self._preempt(victim)
             step.preempted.append(victim.request_id)
             if victim is request:
                 return False, index
+            if self.kv.allocate_slots(state, request, q):
+                return True, index
 
     def _pick_victim(self) -> RequestState:
         running = [self.state.requests[rid] for rid in self.state.running]
@@ -340,7 +316,7 @@ class Scheduler:
     def _preempt(self, request: RequestState) -> None:
         """``Scheduler._preempt_request``: free the blocks, forget the computed tokens and
         the drafts, go back to the front of the waiting queue."""
-        kv.free(self.state, request)
+        self.kv.free(self.state, request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         request.num_drafts = 0
@@ -351,6 +327,8 @@ class Scheduler:
         """The WAITING loop of ``Scheduler.schedule``."""
         state, kernel = self.state, self.kernel
         k = self.num_spec_tokens
+        # Only running requests are scheduled so far: vLLM's ``scheduled_running_reqs``.
+        running_scheduled = bool(step.scheduled)
         skipped: list[str] = []
         while state.waiting and not kernel.exhausted(step.token_budget, step.input_budget):
             if len(state.running) >= kernel.max_active_requests:
@@ -365,7 +343,7 @@ class Scheduler:
                 k > 0
                 and need == 1
                 and not step.prefill_scheduled
-                and (step.scheduled_running or request.num_computed_tokens > 0)
+                and (running_scheduled or request.num_computed_tokens > 0)
                 and request.num_computed_tokens + 1 + k + NUM_SAMPLED_PER_STEP
                 <= self.config.max_model_len
             ):
@@ -393,18 +371,15 @@ class Scheduler:
                     f" {request.request_id!r} to {q}"
                 )
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
-            if not kv.full_sequence_fits(
-                state,
-                request,
-                max_model_len=self.config.max_model_len,
-                block_size=self.config.block_size,
-            ) or not kv.try_allocate(state, request, self._blocks_for(request, q)):
+            if not self.kv.full_sequence_fits(state, request) or not self.kv.allocate_slots(
+                state, request, q
+            ):
                 break
 
             self._pop_waiting(request.request_id)
             state.running.append(request.request_id)
             request.status = RUNNING
-            self._take(step, request, q)
+            self._take(step, request.request_id, q)
             if padded:
                 step.spec[request.request_id] = k
                 step.padded.append(request.request_id)
@@ -426,22 +401,14 @@ class Scheduler:
         self.state.waiting.remove(request_id)
         return request_id
 
-    def _blocks_for(self, request: RequestState, q: int) -> int:
-        return kv.blocks_to_allocate(
-            request,
-            q,
-            num_lookahead_tokens=self.num_lookahead_tokens,
-            max_model_len=self.config.max_model_len,
-            block_size=self.config.block_size,
-        )
-
-    def _take(self, step: _Step, request: RequestState, q: int) -> None:
-        """Schedule ``q >= 1`` tokens of ``request``: the policy's charge, and the book's
-        record of it."""
-        step.token_budget, step.input_budget, _ = self.kernel.take(
+    def _take(self, step: _Step, request_id: str, q: int) -> bool:
+        """Schedule ``q >= 1`` tokens of ``request_id``: the policy's charge, and the
+        book's entry of it. Returns whether the step's budgets are then exhausted."""
+        step.token_budget, step.input_budget, exhausted = self.kernel.take(
             step.token_budget, step.input_budget, q
         )
-        step.scheduled[request.request_id] = q
+        step.scheduled[request_id] = q
+        return exhausted
 
     # -- after the forward -----------------------------------------------------------
     def _update_from_output(self, event: ModelOutput) -> None:
@@ -449,7 +416,7 @@ class Scheduler:
         tokens one by one, stop at max_tokens or max_model_len."""
         state = self.state
         last_scheduled, last_spec, requests = state.last_scheduled, state.last_spec, state.requests
-        max_model_len = self.max_model_len
+        max_model_len = self.config.max_model_len
         sampled = event.num_sampled
         if not sampled.keys() <= last_scheduled.keys():
             stray = next(rid for rid in sampled if rid not in last_scheduled)
@@ -512,7 +479,7 @@ class Scheduler:
             state.running.remove(request_id)
         elif request_id in state.waiting:
             state.waiting.remove(request_id)
-        kv.free(state, request)
+        self.kv.free(state, request)
         request.status = status
         state.finished_since_step.append(request_id)
 
@@ -523,15 +490,15 @@ class Scheduler:
         ledger = Ledger(step.token_budget, step.input_budget)
         found = step_violations(self.policy, self.params, ledger, totals)
         for violation in found:
-            recorded = RecordedViolation(
+            found_at_step = StepViolation(
                 step_index,
                 violation.contract,
                 violation.message,
                 self._step_state(step, record),
             )
             if self.check == "raise":
-                raise ContractViolation(recorded, self.scenario)
-            self.violations.append(recorded)
+                raise ContractViolation(found_at_step, self.scenario)
+            self.violations.append(found_at_step)
 
     def _step_state(self, step: _Step, record: StepRecord) -> dict[str, Any]:
         opened = self.policy.open(self.params)

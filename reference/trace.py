@@ -13,7 +13,7 @@ decisions it made::
     {"event": "add_request", "request_id", "prompt_len", "max_tokens", "priority", "arrival_time"}
     {"event": "abort", "request_id"}
     {"event": "step", "step", "num_scheduled_tokens", "scheduled_spec_tokens", "preempted",
-     "finished", ...}                      (a step record, DESIGN.md section 4)
+     "finished", ...}                      (a step record, docs/design.md §4.2)
     {"event": "model_output", "num_sampled": {id: n}}
     {"event": "draft_proposals", "num_drafts": {id: n}}
 

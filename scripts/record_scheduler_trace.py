@@ -25,7 +25,7 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 
 def main() -> int:
-    from dualbudget.integration.record_live import record_scenario
+    from dualbudget.integration.scheduler_trace import write_scheduler_trace
     from dualbudget.reference.workload import preset
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,7 +42,7 @@ def main() -> int:
         notes["max_steps"] = str(args.max_steps)
     with tempfile.TemporaryDirectory() as tmp:
         plain = Path(tmp) / "trace.ndjson"
-        steps = record_scenario(scenario, plain, args.max_steps, notes)
+        steps = write_scheduler_trace(scenario, plain, args.max_steps, notes)
         if args.out.name.endswith(".gz"):
             with plain.open("rb") as source, gzip.GzipFile(args.out, "wb", mtime=0) as target:
                 shutil.copyfileobj(source, target)

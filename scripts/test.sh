@@ -34,3 +34,9 @@ for version in 0.32 0.33; do
   echo "== steps/s of the reference and of vLLM $version (printed, not asserted)"
   ".venv-vllm-$version/bin/dualbudget" bench --json "out/bench-$version.json"
 done
+# Last, the longest stage: each release's scheduler with budget bugs planted, each fuzzed.
+for version in 0.32 0.33; do
+  echo "== budget bugs planted in vLLM $version's scheduler, each fuzzed (dualbudget mutate)"
+  ".venv-vllm-$version/bin/dualbudget" mutate --json "out/mutate-$version.json" \
+    --out-dir "out/mutants-$version"
+done

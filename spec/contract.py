@@ -4,7 +4,9 @@ This module is the contract's one home. ``CONTRACT`` holds each item as data (it
 name and one sentence); the README, the proofs' README, the design document and the
 design-review report render their statements from it (``contract_markdown``), and a test
 fails when a rendered copy drifts. The predicates that state each item over ``arith`` (so
-that they run on ints in the reference and on z3 terms in the proofs) live beside the data.
+that they run on ints in the reference and on z3 terms in the proofs) are in
+``invariants``, one function per item, its docstring opening with the item's id
+(tests/test_contract.py pins each on hand-worked cases).
 """
 
 from __future__ import annotations

@@ -1,7 +1,13 @@
-"""The contract items C1-C3 as predicates over one step.
+"""The contract items C1-C6 as predicates over one step (the items' statements:
+``contract.CONTRACT``).
 
 Each predicate is written over ``arith`` and returns a condition (a bool, or a z3 term in
-a proof); ``step_violations`` evaluates all three on a concrete step and says which broke.
+a proof), so that the proofs' obligations and the reference's per-step check evaluate the
+same function: C1 ``nonnegative``, C2 ``conserved``, C3 ``buffer_peak_ok``, C4
+``empty_step_progress`` (and ``one_token_fits``, its converse), C5
+``one_more_token_fits``, C6 ``dominates``. ``step_violations`` evaluates the safety items
+C1-C3 on a finished concrete step and says which broke; C4-C6 speak of what a step could
+have done, so only the proofs (and the tests) evaluate them.
 """
 
 from __future__ import annotations
@@ -10,7 +16,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .arith import Cond, Num, all_of, imin
+from .arith import Cond, Num, all_of, imin, ite
+from .book import StepBook
 from .policies import Charge, Ledger, Policy, StepParams
 
 
@@ -39,6 +46,47 @@ def buffer_peak_ok(p: StepParams, target_cap: Num, target_rows: Num, draft_rows:
         target_rows <= target_cap,
         target_rows <= imin(p.max_num_scheduled_tokens, b),
         draft_rows <= b,
+    )
+
+
+def within_hard_limits(p: StepParams, target_rows: Num, draft_rows: Num, num_requests: Num) -> Cond:
+    """The hard limits of a step, whatever the policy (C4, C5): C3 against ``min(S, B)``
+    and ``B``, and at most ``max_num_seqs`` requests."""
+    hard_target_cap = imin(p.max_num_scheduled_tokens, p.max_num_batched_tokens)
+    return all_of(
+        buffer_peak_ok(p, hard_target_cap, target_rows, draft_rows),
+        num_requests <= p.max_num_seqs,
+    )
+
+
+def empty_step_progress(book: StepBook, need: Num) -> Cond:
+    """C4 progress: the empty step ``book`` (just opened, on a config the policy accepts)
+    allows a running request, is not exhausted, and grants a runnable request that needs
+    ``need >= 1`` tokens at least one of them."""
+    policy, p = book.policy, book.params
+    return all_of(
+        policy.max_active_requests(p) >= 1,
+        ite(book.exhausted(), False, True),
+        book.grant(need) >= 1,
+    )
+
+
+def one_token_fits(p: StepParams) -> Cond:
+    """C4, its converse: one request scheduled with one token keeps the hard limits
+    (``T = 1``, ``D = C(1)``). A policy that refuses such a config refuses more than the
+    contract needs."""
+    return within_hard_limits(p, 1, p.draft_rows(1), 1)
+
+
+def one_more_token_fits(
+    p: StepParams, target_rows: Num, draft_rows: Num, num_requests: Num, granted: Num
+) -> Cond:
+    """C5 tightness: a request granted ``granted`` tokens (0: not scheduled) could have
+    taken one more within the hard limits, ``target_rows``, ``draft_rows`` and
+    ``num_requests`` being what the rest of the step holds. C5 demands this be false of
+    every request granted fewer tokens than it needs."""
+    return within_hard_limits(
+        p, target_rows + granted + 1, draft_rows + p.draft_rows(granted + 1), num_requests + 1
     )
 
 
@@ -120,3 +168,14 @@ def step_violations(
             )
         )
     return found
+
+
+def dominates(measure: str, hi_tokens: Num, hi_count: Num, lo_tokens: Num, lo_count: Num) -> Cond:
+    """C6 dominance: on the same queue in the same order, the step of the policy that
+    relaxes another schedules at least as many target tokens (``measure="tokens"``: ``T``)
+    or at least as many requests (``measure="requests"``) as the other's step."""
+    if measure == "tokens":
+        return hi_tokens >= lo_tokens
+    if measure == "requests":
+        return hi_count >= lo_count
+    raise ValueError(f"unknown C6 measure {measure!r}")

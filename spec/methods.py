@@ -41,7 +41,7 @@ class PerK:
 
 @dataclass(frozen=True)
 class MethodLayout:
-    """One row of the method table (DESIGN.md section 1)."""
+    """One row of the method table (docs/design.md §1.2)."""
 
     name: str
     """Stable layout name used by proofs, reports and findings."""

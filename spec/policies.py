@@ -265,6 +265,109 @@ class Dual(Policy):
         ]
 
 
+class SplitDraftBudget(Dual):
+    """vllm-project/vllm#53080 (open proposal): for every method, a target budget charged
+    ``q`` and a draft budget of ``max_num_batched_tokens`` rows charged the method's draft
+    input cost ``C(q) = e*q + f(K)``.
+
+    The thread describes a request's draft input as its target segment (all the target
+    rows, all but the first, or none), an optional bonus token as anchor, and
+    ``num_parallel_drafting_tokens`` mask rows; per method that gives ``C(q)`` with the
+    offset ``f(K)`` of each row of ``spec/methods.py`` (EAGLE/MTP ``q``, DFlash and DSpark
+    no target segment). Where a request may go is the largest grant whose ``C(q)`` fits
+    the draft budget. That is the ``dual`` rule, term for term: this policy is ``Dual``
+    under the proposal's name, and its own proofs say so (the admission check, which the
+    thread does not state, is ``dual``'s ``B >= C(1)``).
+    """
+
+    name = "split-draft-budget"
+
+
+class SeparateQueryBudget(Additive):
+    """vLLM 0.32's additive budget, except for the layouts whose drafter runs a query pass
+    of its own rows (``query_rows`` not None): those charge a fixed number of query rows
+    per request to a separate draft-input budget of ``max_num_batched_tokens`` rows, and
+    only ``q`` to the target stage.
+
+    The target stage keeps vLLM's two caps, ``max_num_scheduled_tokens`` and
+    ``max_num_batched_tokens``, both charged ``q``: one budget opened at their minimum is
+    the same rule, so the ledger's ``token_budget`` is that budget and its
+    ``input_budget`` the separate draft-input budget. A request fits while the draft
+    budget holds its query rows; its rows do not grow with ``q``, so it then gets the
+    whole target budget. Preemption refunds both (``StepBook.preempt``). Admission stays
+    vLLM 0.32's config check, ``max_num_batched_tokens > max_num_new_slots_for_drafting``.
+    """
+
+    def query_rows(self, p: StepParams) -> Num | None:
+        """Rows one request takes of the separate budget on ``p``'s layout; None where the
+        layout keeps the additive charge."""
+        raise NotImplementedError
+
+    def open(self, p: StepParams) -> Ledger:
+        if self.query_rows(p) is None:
+            return super().open(p)
+        target_budget = imin(p.max_num_scheduled_tokens, p.max_num_batched_tokens)
+        return Ledger(target_budget, p.max_num_batched_tokens)
+
+    def room(self, p: StepParams, ledger: Ledger) -> Num:
+        rows = self.query_rows(p)
+        if rows is None:
+            return super().room(p, ledger)
+        return ite(ledger.input_budget >= rows, ledger.token_budget, 0)
+
+    def exhausted(self, p: StepParams, ledger: Ledger) -> Cond:
+        rows = self.query_rows(p)
+        if rows is None:
+            return super().exhausted(p, ledger)
+        return any_of(ledger.token_budget <= 0, ledger.input_budget < rows)
+
+    def charge(self, p: StepParams, q: Num) -> Charge:
+        rows = self.query_rows(p)
+        if rows is None:
+            return super().charge(p, q)
+        return Charge(q, rows)
+
+
+class DsparkQueryBudget(SeparateQueryBudget):
+    """vllm-project/vllm#52996 (open proposal): DSpark only, ``K`` query rows per request
+    from the separate draft-input budget, whatever its ``dspark_layout``; every other
+    method keeps 0.32's additive charge. The thread's own cases (B = 16, K = 4): two
+    8-token prefills get 8 each, five 1-token requests admit four
+    (``tests/test_upstream_profiles.py`` runs both through the reference).
+    """
+
+    name = "dspark-query-budget"
+
+    def query_rows(self, p: StepParams) -> Num | None:
+        if "dspark" in p.layout.methods:
+            return p.num_speculative_tokens
+        return None
+
+
+class QueryBudget(DsparkQueryBudget):
+    """local-inference-lab/vllm#605 (merged in that fork): #52996's DSpark rule (``K``
+    query rows), and DFlash from the same separate budget at ``K + 1`` query rows (its
+    bonus token and ``K`` masks); every other method keeps the additive per-request
+    reservation, and preemption gives back both budgets.
+    """
+
+    name = "query-budget"
+
+    def query_rows(self, p: StepParams) -> Num | None:
+        if "dflash" in p.layout.methods:
+            return p.num_speculative_tokens + 1
+        return super().query_rows(p)
+
+
 POLICIES: dict[str, Policy] = {
-    policy.name: policy for policy in (GlobalReserve(), Additive(), StaticCap(), Dual())
+    policy.name: policy
+    for policy in (
+        GlobalReserve(),
+        Additive(),
+        StaticCap(),
+        Dual(),
+        SplitDraftBudget(),
+        DsparkQueryBudget(),
+        QueryBudget(),
+    )
 }

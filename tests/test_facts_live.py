@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from dualbudget.integration.fuzz import FUZZ_LAYOUTS
 from dualbudget.integration.live import Unsupported, build_vllm_config
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig
-from dualbudget.spec.methods import layout_named
+from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import profile_named
 
@@ -30,18 +29,17 @@ def profile():  # type: ignore[no-untyped-def]
 
 
 def _config(layout: str, k: int, budget: int, seqs: int = 1) -> EngineConfig:
-    method, parallel, dspark_layout = FUZZ_LAYOUTS[layout]
     return EngineConfig(
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         max_model_len=256,
         block_size=16,
         num_gpu_blocks=64,
-        speculative_config=SpeculativeConfig(method, k, parallel, dspark_layout),
+        speculative_config=SpeculativeConfig.for_layout(layout_named(layout), k),
     )
 
 
-@pytest.mark.parametrize("layout", list(FUZZ_LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUT_NAMES))
 @pytest.mark.parametrize("k", KS)
 def test_slots_lookahead_and_budgets_match_the_table(profile, layout: str, k: int) -> None:  # type: ignore[no-untyped-def]
     version = profile.policy.tables
@@ -72,7 +70,7 @@ def test_slots_lookahead_and_budgets_match_the_table(profile, layout: str, k: in
     )
 
 
-@pytest.mark.parametrize("layout", list(FUZZ_LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUT_NAMES))
 @pytest.mark.parametrize("k", (1, 4))
 def test_accept_and_reject_match_the_policy(profile, layout: str, k: int) -> None:  # type: ignore[no-untyped-def]
     version = profile.policy.tables
@@ -98,7 +96,8 @@ def test_accept_and_reject_match_the_policy(profile, layout: str, k: int) -> Non
 
 
 def test_the_measured_first_step_of_p_eagle(profile) -> None:  # type: ignore[no-untyped-def]
-    """VLLM_ON_CPU.md: B=20, max_num_seqs=16, P-EAGLE K=4, two 10-token prompts."""
+    """A first step measured on vLLM: B=20, max_num_seqs=16, P-EAGLE K=4, two 10-token
+    prompts; the second prompt gets what the first left of the input budget."""
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.reference.events import AddRequest, ScheduleStep
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dualbudget.integration.lockstep import DivergenceFound, Lockstep, replay
+from dualbudget.integration.lockstep import DivergenceFound, Lockstep, run_in_lockstep
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.scenario import load_scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
@@ -49,7 +49,7 @@ def _dflash_run(lock: Lockstep, steps: int = 30) -> None:
 def test_examples_agree_step_for_step(profile: str) -> None:
     for path in sorted((REPO / "examples").glob("*.json")):
         scenario = load_scenario(path).with_profile(profile)
-        steps, divergence = replay(scenario)
+        steps, divergence = run_in_lockstep(scenario)
         assert divergence is None, f"{path.name}: {divergence.report()}"
         assert steps > 0
 
@@ -72,7 +72,7 @@ def test_planted_difference_is_caught_and_reproduced(profile: str, tmp_path: Pat
     assert found.seed == 7 and found.scenario_path is not None
     assert "--replay" in (found.replay_command or "")
     # The written scenario reproduces the same divergence through the driver.
-    _, again = replay(load_scenario(found.scenario_path))
+    _, again = run_in_lockstep(load_scenario(found.scenario_path))
     assert again is not None and again.step == found.step
     assert (again.reference, again.live) == (found.reference, found.live)
     # And the printed command does, as a process.

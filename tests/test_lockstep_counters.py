@@ -50,3 +50,17 @@ def test_the_refund_of_a_request_scheduled_earlier_in_the_step_is_counted() -> N
     record = _step(scheduler)
     assert record.preempted == ["0"] and record.num_scheduled_tokens == {"1": 1}
     assert counters.refunds == 1
+
+
+def test_the_callers_draws_are_cut_into_range_and_asked_in_order() -> None:
+    from dualbudget.integration.lockstep import CallerDraws
+
+    draws = CallerDraws(k=3)
+    asked: list[str] = []
+    draws.accept = lambda rid, real: asked.append(rid) or 9
+    draws.propose = lambda rid: asked.append(rid) or -1
+    assert draws.accepted(0, "a", 2) == 2
+    assert draws.proposed(0, ["a", "b"]) == {"a": 0, "b": 0}
+    draws.propose = lambda rid: 7
+    assert draws.proposed(0, ["c"]) == {"c": 3}
+    assert asked == ["a", "a", "b"]

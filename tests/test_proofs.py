@@ -14,13 +14,17 @@ from typing import Any
 
 import pytest
 
-from dualbudget.proofs.manifest import load_manifest
+from dualbudget.proofs.manifest import expected_findings, load_manifest
 from dualbudget.proofs.obligations import catalog, lower_of
 from dualbudget.proofs.runner import Outcome, run
 from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.scenario import ScenarioError, parse_scenario
-from dualbudget.spec.invariants import buffer_peak_ok
+from dualbudget.spec.config import SpeculativeConfig
+from dualbudget.spec.contract import CONTRACT_IDS
+from dualbudget.spec.invariants import one_more_token_fits
+from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.policies import StepParams
+from dualbudget.spec.profiles import PROFILE_NAMES
 
 MANIFEST = load_manifest()
 OBLIGATIONS = catalog()
@@ -38,11 +42,19 @@ def test_the_manifest_covers_the_catalog_exactly() -> None:
 
 def test_every_profile_layout_and_contract_has_obligations() -> None:
     profiles = {ob.profile for ob in OBLIGATIONS}
-    layouts = {ob.layout for ob in OBLIGATIONS}
+    layouts = {ob.layout for ob in OBLIGATIONS if ob.family != "compiled"}
     contracts = {ob.contract for ob in OBLIGATIONS}
-    assert profiles == {"global-reserve", "vllm-0.32", "vllm-0.33", "dual"}
-    assert len(layouts) == 8
-    assert contracts == {"C1", "C2", "C3", "C4", "C5", "C6"}
+    assert profiles == set(PROFILE_NAMES)
+    assert layouts == set(LAYOUT_NAMES)
+    assert contracts == {*CONTRACT_IDS, "kernel"}
+
+
+def test_every_policy_and_layout_has_a_compiled_obligation() -> None:
+    compiled = {(ob.profile, ob.layout) for ob in OBLIGATIONS if ob.check == "compiled"}
+    every = {(profile, layout) for profile in PROFILE_NAMES for layout in LAYOUT_NAMES}
+    # ... and the row of a config without speculative decoding, which the reference runs.
+    assert compiled == every | {(profile, "none") for profile in PROFILE_NAMES}
+    assert all(MANIFEST.expected(f"{p}/{lay}/compiled") == "holds" for p, lay in compiled)
 
 
 @pytest.mark.parametrize("name", [ob.name for ob in OBLIGATIONS])
@@ -57,7 +69,7 @@ def test_verdict_matches_the_manifest(outcomes: dict[str, Outcome], name: str) -
 
 def _first_step(scenario_json: dict[str, Any], profile: str | None = None) -> tuple[Any, Any]:
     scenario = parse_scenario(scenario_json)
-    replay = ScenarioRun(scenario, profile=profile, max_steps=1, check="record")
+    replay = ScenarioRun(scenario, profile=profile, max_steps=1, check="collect")
     record = next(replay.records())
     return record, replay
 
@@ -95,11 +107,11 @@ def test_expected_finding_replays_in_the_reference(outcomes: dict[str, Outcome],
         assert cut, f"{name}: every request got what it needs: {record.to_json()}"
         rid = cut[0]
         got = scheduled.get(rid, 0)
-        draft = record.draft_rows - (p.draft_rows(got) if got else 0) + p.draft_rows(got + 1)
-        count = len(scheduled) + (0 if got else 1)
-        hard_cap = min(p.max_num_scheduled_tokens, p.max_num_batched_tokens)
-        assert buffer_peak_ok(p, hard_cap, record.target_tokens + 1, draft)
-        assert count <= p.max_num_seqs
+        # The rest of the step, without what the cut request holds.
+        target = record.target_tokens - got
+        draft = record.draft_rows - (p.draft_rows(got) if got else 0)
+        count = len(scheduled) - (1 if got else 0)
+        assert one_more_token_fits(p, target, draft, count, got)
         assert not replay.scheduler.violations
     elif o.contract == "C6":
         lower = lower_of(o.profile)
@@ -137,3 +149,20 @@ def test_witness_files_are_scenarios(outcomes: dict[str, Outcome], tmp_path: Pat
         data = json.loads(Path(o.witness).read_text())
         assert data["format"] == "dualbudget-scenario"
         assert set(data) >= {"profile", "config", "requests", "acceptance"}
+        # The layout's speculative_config is SpeculativeConfig.for_layout's: the row it
+        # builds is the obligation's (eagle rows as "eagle3").
+        spec = data["config"]["speculative_config"]
+        k = spec["num_speculative_tokens"]
+        assert SpeculativeConfig(**spec) == SpeculativeConfig.for_layout(layout_named(o.layout), k)
+        if o.check != "C4-converse":  # the profile refuses that config
+            assert parse_scenario(data).config.layout == layout_named(o.layout)
+
+
+def test_expected_findings_are_the_manifests_failures() -> None:
+    failing = {name for name, verdict in MANIFEST.entries.items() if verdict == "fails"}
+    from_names: set[tuple[str, str, str]] = set()
+    for name in failing:
+        profile, layout, check = name.split("/")
+        from_names.add((profile, layout, check[:2]))
+    assert expected_findings() == from_names
+    assert {item for _, _, item in expected_findings()} <= set(CONTRACT_IDS)

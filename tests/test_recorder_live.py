@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dualbudget.integration.live import LiveScheduler
-from dualbudget.integration.record_live import drive
+from dualbudget.integration.lockstep import live_records
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import StepRecord
 from dualbudget.reference.replay import replay_trace
@@ -36,9 +36,9 @@ def test_recording_changes_no_decision_and_replays(
     monkeypatch.setenv("DUALBUDGET_TRACE", str(trace))
     monkeypatch.setenv("DUALBUDGET_TRACE_SOURCE", "scheduler")
 
-    plain = drive(scenario, LiveScheduler(scenario.config))
+    plain = live_records(scenario, LiveScheduler(scenario.config))
     recording = LiveScheduler(scenario.config, scheduler_cls=RecordingScheduler)
-    recorded = drive(scenario, recording)
+    recorded = live_records(scenario, recording)
     recording.scheduler.shutdown()
 
     assert [r.decision() for r in recorded] == [r.decision() for r in plain]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dualbudget.reference.contract import ContractViolation
 from dualbudget.reference.scenario import Scenario
+from dualbudget.reference.violations import ContractViolation
 from dualbudget.tests.test_reference_support import run, scenario
 
 FILL_IN = {"method": "dspark", "num_speculative_tokens": 4, "dspark_layout": "fill-in"}
@@ -36,7 +36,7 @@ def test_vllm_0_32_dspark_fill_in_breaks_c3() -> None:
     # Step 0: each prompt charged 2 + 3 = 5: four fit (input 20 -> 0), D = 4 * 5 = 20.
     # Step 1: four decodes charged 1 + 3 = 4 each (input 4 left, > 3), then r4 gets
     # min(4, 4 - 3) = 1 token: five requests, D = 5 * 5 = 25 > B = 20.
-    scenario_run, records = run(fill_in_scenario("vllm-0.32", 2), check="record")
+    scenario_run, records = run(fill_in_scenario("vllm-0.32", 2), check="collect")
     violations = scenario_run.scheduler.violations
     assert violations, "the known C3 finding was not seen"
     first = violations[0]
@@ -48,7 +48,7 @@ def test_vllm_0_32_dspark_fill_in_breaks_c3() -> None:
 
 def test_global_reserve_dspark_fill_in_breaks_c3() -> None:
     # S' = 20 - 5 * 3 = 5: five 1-token prompts fit T = 5, but D = 5 * 5 = 25 > 20.
-    scenario_run, records = run(fill_in_scenario("global-reserve", 1), check="record")
+    scenario_run, records = run(fill_in_scenario("global-reserve", 1), check="collect")
     assert [(v.contract, v.step) for v in scenario_run.scheduler.violations][:1] == [("C3", 0)]
     assert records[0].num_scheduled_tokens == {str(i): 1 for i in range(5)}
 
@@ -68,6 +68,6 @@ def test_raise_mode_carries_contract_state_and_scenario() -> None:
 
 @pytest.mark.parametrize("profile", ["vllm-0.33", "dual"])
 def test_the_same_workload_is_safe_under_sound_profiles(profile: str) -> None:
-    scenario_run, records = run(fill_in_scenario(profile, 2), check="record")
+    scenario_run, records = run(fill_in_scenario(profile, 2), check="collect")
     assert scenario_run.scheduler.violations == []
     assert all(r.draft_rows <= 20 for r in records)

@@ -86,6 +86,38 @@ CASES = [
     ("dual", "dspark-anchor", {"0": 10, "1": 10}, 8, (0, 12)),
     # C = 5: as dflash.
     ("dual", "dspark-fill-in", {"0": 10, "1": 10}, 10, (0, 10)),
+    # -- pr-53080: dual's rule term for term (target charged q, draft budget C(q)) --
+    ("pr-53080", "ngram", {"0": 10, "1": 10}, 0, (0, 20)),
+    ("pr-53080", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
+    ("pr-53080", "p-eagle", {"0": 10, "1": 4}, 20, (6, 0)),
+    ("pr-53080", "draft-model", {"0": 10, "1": 8}, 20, (2, 0)),
+    ("pr-53080", "pard", {"0": 10, "1": 2}, 20, (8, 0)),
+    ("pr-53080", "dflash", {"0": 10, "1": 10}, 10, (0, 10)),
+    ("pr-53080", "dspark-anchor", {"0": 10, "1": 10}, 8, (0, 12)),
+    ("pr-53080", "dspark-fill-in", {"0": 10, "1": 10}, 10, (0, 10)),
+    # -- pr-52996: 0.32's additive charge, but DSpark charged K = 4 rows of a separate
+    # draft budget of B = 20 and q of a target budget min(S, B) = 20 --
+    ("pr-52996", "ngram", {"0": 10, "1": 10}, 0, (0, 0)),
+    ("pr-52996", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
+    ("pr-52996", "p-eagle", {"0": 10, "1": 4}, 20, (6, 0)),
+    ("pr-52996", "draft-model", {"0": 10, "1": 8}, 20, (2, 0)),
+    ("pr-52996", "pard", {"0": 10, "1": 2}, 20, (8, 0)),
+    # DFlash keeps 0.32's slots 4, as vllm-0.32.
+    ("pr-52996", "dflash", {"0": 10, "1": 2}, 10, (8, 0)),
+    # r0 10 -> (10, 16); r1 10 -> (0, 12); token 0 stops. D = 4 + 4.
+    ("pr-52996", "dspark-anchor", {"0": 10, "1": 10}, 8, (0, 12)),
+    # charged K = 4 rows each, as the anchor layout, while the true D = 5 + 5.
+    ("pr-52996", "dspark-fill-in", {"0": 10, "1": 10}, 10, (0, 12)),
+    # -- fork-605: pr-52996, plus DFlash charged K + 1 = 5 rows of the separate budget --
+    ("fork-605", "ngram", {"0": 10, "1": 10}, 0, (0, 0)),
+    ("fork-605", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
+    ("fork-605", "p-eagle", {"0": 10, "1": 4}, 20, (6, 0)),
+    ("fork-605", "draft-model", {"0": 10, "1": 8}, 20, (2, 0)),
+    ("fork-605", "pard", {"0": 10, "1": 2}, 20, (8, 0)),
+    # r0 10 -> (10, 15); r1 10 -> (0, 10). D = 5 + 5.
+    ("fork-605", "dflash", {"0": 10, "1": 10}, 10, (0, 10)),
+    ("fork-605", "dspark-anchor", {"0": 10, "1": 10}, 8, (0, 12)),
+    ("fork-605", "dspark-fill-in", {"0": 10, "1": 10}, 10, (0, 12)),
 ]
 
 

@@ -6,14 +6,16 @@ from typing import Any
 
 import pytest
 
-from dualbudget.reference.driver import ScenarioDriver
+from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
+    Event,
     ModelOutput,
     ScheduleStep,
     StepRecord,
 )
+from dualbudget.reference.scenario import RequestSpec, parse_scenario, scenario_to_json
 from dualbudget.reference.scheduler import InvalidEvent, Scheduler, UnmirroredVllmCrash
 from dualbudget.spec.profiles import profile_named
 from dualbudget.tests.test_reference_support import config, run, scenario
@@ -131,15 +133,8 @@ def test_rejected_drafts_are_rolled_back() -> None:
         acceptance={"fixed": 1},
     )
     scheduler = Scheduler(sc.config, profile_named("dual"))
-    driver = ScenarioDriver(sc)
     outputs = []
-    while not driver.done(scheduler.state):
-        record = None
-        for event in driver.before_step():
-            record = scheduler.handle(event)
-        assert record is not None
-        for event in driver.after_step(record, scheduler.state):
-            scheduler.handle(event)
+    for _ in drive(EventDriver.of(sc), scheduler):
         r = scheduler.state.requests["r"]
         if not r.finished:
             assert r.num_computed_tokens == r.num_tokens - 1
@@ -274,6 +269,20 @@ def test_waiting_queue_is_ordered_by_priority_then_arrival() -> None:
     assert firsts == ["b", "c", "a"]
 
 
+class Kept:
+    """A consumer that keeps the step records its scheduler answers."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.records: list[StepRecord] = []
+
+    def handle(self, event: Event) -> StepRecord | None:
+        record = self.scheduler.handle(event)
+        if record is not None:
+            self.records.append(record)
+        return record
+
+
 def test_a_forked_state_replays_the_same_decisions() -> None:
     # The lockstep pattern: one driver makes the events, two consumers take them.
     sc = scenario(
@@ -283,24 +292,15 @@ def test_a_forked_state_replays_the_same_decisions() -> None:
         acceptance={"per_position": [0.8, 0.5], "seed": 3},
     )
     first = Scheduler(sc.config, profile_named(sc.profile))
-    driver = ScenarioDriver(sc)
-    second: Scheduler | None = None
-    pairs = []
-    while not driver.done(first.state):
-        if driver.step == 3:
-            second = first.fork()
-        records = []
-        for event in driver.before_step():
-            records = [first.handle(event), second.handle(event) if second else None]
-        assert records[0] is not None
-        for event in driver.after_step(records[0], first.state):
-            first.handle(event)
-            if second:
-                second.handle(event)
-        pairs.append(records)
-    later = [(a, b) for a, b in pairs if b is not None]
-    assert later and all(a == b for a, b in later)
-    assert second is not None and second.state == first.state
+    driver = EventDriver.of(sc, max_steps=3)
+    assert len(list(drive(driver, first))) == 3
+    # The same driver goes on, now feeding a fork of the first too.
+    second = Kept(first.fork())
+    driver.max_steps = None
+    records = [step.record for step in drive(driver, first, second)]
+    assert records and records == second.records
+    assert records[0].step == 3
+    assert second.scheduler.state == first.state
 
 
 def test_bad_events_are_refused() -> None:
@@ -373,3 +373,65 @@ def test_transition_is_pure() -> None:
     again, record_again = transition(cfg2, profile, added, ScheduleStep())
     assert record is not None and record == record_again and after == again
     assert added.requests["r"].num_computed_tokens == 0
+
+
+def test_a_run_written_back_as_a_scenario_replays_event_for_event() -> None:
+    # Seeded per-position acceptance, aborts, arrivals and a K of 3: the written-back
+    # scenario holds explicit tables of what was drawn, and drives the same events.
+    sc = scenario(
+        "vllm-0.33",
+        cfg(block_size=4, num_gpu_blocks=12, max_model_len=40, speculative_config=eagle(3)),
+        [
+            req("a", 9, max_tokens=8),
+            req("b", 3, max_tokens=9, arrival_step=2, priority=1),
+            req("c", 6, max_tokens=7, arrival_step=2, abort_step=5),
+        ],
+        acceptance={"per_position": [0.9, 0.6, 0.3], "seed": 4},
+    )
+    first = ScenarioRun(sc)
+    steps = list(first.steps())
+    written = first.driver.scenario()
+    assert written.acceptance.explicit and written.drafts and written.drafts.explicit
+    again = parse_scenario(scenario_to_json(written))
+    assert again == written
+    second = ScenarioRun(again)
+    assert [s.events for s in second.steps()] == [s.events for s in steps]
+    assert sum(s.rejected_drafts for s in steps) > 0
+
+
+class _Caller:
+    """A caller's draws, as the fuzz makes them: accept one draft, propose K."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.asked: list[tuple[str, int]] = []
+
+    def accepted(self, step: int, request_id: str, real_drafts: int) -> int:
+        self.asked.append((request_id, real_drafts))
+        return 1
+
+    def proposed(self, step: int, request_ids: list[str]) -> dict[str, int]:
+        return dict.fromkeys(request_ids, self.k)
+
+
+def test_an_open_run_fed_step_by_step_is_written_back_as_the_same_run() -> None:
+    sc = scenario("dual", cfg(speculative_config=eagle(2)), [req("unused", 1, 1)])
+    draws = _Caller(2)
+    driver = EventDriver(sc.profile, sc.config, draws)
+    reference = Scheduler(sc.config, profile_named(sc.profile))
+    driver.add(RequestSpec("0", 5, 6))
+    records = [driver.advance(reference).record for _ in range(2)]
+    driver.add(RequestSpec("1", 4, 3, arrival_step=driver.step))
+    driver.abort("0")
+    records += [driver.advance(reference).record for _ in range(4)]
+    assert draws.asked and all(real <= 2 for _, real in draws.asked)
+    assert driver.proposed and max(max(row.values()) for row in driver.proposed.values()) == 2
+    replayed = list(ScenarioRun(driver.scenario(driver.step - 1)).records())
+    # The written run ends when every request is done; the open one stepped on idle.
+    assert replayed == records[: len(replayed)]
+    assert len(replayed) >= 4 and not any(r.num_scheduled_tokens for r in records[len(replayed) :])
+
+
+def test_an_unknown_check_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="check must be one of raise, collect"):
+        Scheduler(config("eagle", k=2), profile_named("dual"), check="record")  # type: ignore[arg-type]

@@ -153,7 +153,7 @@ def test_time_model_and_json_schema() -> None:
     assert t["itl_s_mean"] == 1.5  # (6 - 3) / 2
     assert t["output_tokens_per_s"] == pytest.approx(3 / 7)
     doc = to_json("w", [r])
-    assert set(doc) == {"workload", "profiles"}
+    assert set(doc) == {"workload", "calibration", "profiles"}
     assert set(doc["profiles"][0]) == SCHEMA_KEYS
 
 
@@ -166,6 +166,8 @@ SCHEMA_KEYS = {
     "peak_rows",
     "ttft_steps",
     "output_tokens",
+    "seconds",
+    "tokens_per_s",
 }
 
 
@@ -178,7 +180,7 @@ def test_cli_simulate_writes_the_issue_schema(
     code = main(["simulate", "--scenario", str(path), "--json", str(out), "--jobs", "2"])
     assert code == 0
     doc = json.loads(out.read_text())
-    assert set(doc) == {"workload", "profiles"}
+    assert set(doc) == {"workload", "calibration", "profiles"}
     assert [p["profile"] for p in doc["profiles"]] == ["vllm-0.32", "vllm-0.33", "dual"]
     for p in doc["profiles"]:
         assert set(p) == SCHEMA_KEYS

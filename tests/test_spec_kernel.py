@@ -1,7 +1,10 @@
 """The budget kernel (spec/kernel.py): the book's formulas compiled to Python must answer
-exactly what ``StepBook`` and the policy answer on ints, for every policy and layout;
-a formula it cannot translate is refused; and the reference's per-step C2 check catches a
-kernel that moves the ledger wrongly."""
+exactly what ``StepBook`` and the policy answer on ints, for every policy and layout; the
+stored templates (spec/compiled_book.py) are what the compiler (proofs/compile_book.py)
+makes of the spec today; a formula it cannot translate is refused; and the reference's
+per-step C2 check catches a kernel that moves the ledger wrongly. That the templates equal
+the spec's formulas for every config is proven, too (``dualbudget prove``, check
+``compiled``)."""
 
 from __future__ import annotations
 
@@ -13,13 +16,16 @@ import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dualbudget.proofs.compile_book import UntranslatableFormula, render_module, template, templates
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep
 from dualbudget.reference.scheduler import Scheduler
+from dualbudget.spec import compiled_book
 from dualbudget.spec.arith import Num, floordiv
 from dualbudget.spec.book import StepBook
+from dualbudget.spec.compiled_book import TEMPLATES
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
-from dualbudget.spec.kernel import UntranslatableFormula, compile_kernel
-from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
+from dualbudget.spec.kernel import NoCompiledBook, compile_kernel
+from dualbudget.spec.methods import LAYOUT_NAMES, NO_SPECULATION, layout_named
 from dualbudget.spec.policies import POLICIES, Additive, Ledger, StepParams
 from dualbudget.spec.profiles import profile_named
 
@@ -29,7 +35,8 @@ budgets = st.integers(min_value=-40, max_value=600)
 @st.composite
 def configs(draw: st.DrawFn) -> tuple[str, StepParams]:
     policy = draw(st.sampled_from(sorted(POLICIES)))
-    layout = layout_named(draw(st.sampled_from(LAYOUT_NAMES)))
+    name = draw(st.sampled_from((*LAYOUT_NAMES, NO_SPECULATION.name)))
+    layout = NO_SPECULATION if name == NO_SPECULATION.name else layout_named(name)
     b = draw(st.integers(min_value=1, max_value=512))
     s = draw(st.integers(min_value=1, max_value=600))
     m = draw(st.integers(min_value=1, max_value=b))
@@ -88,15 +95,22 @@ def test_one_config_compiles_once() -> None:
     assert compile_kernel(POLICIES["dual"], p) is not compile_kernel(POLICIES["additive"], p)
 
 
+def test_the_stored_templates_are_what_the_compiler_makes_today() -> None:
+    # Else: python -m dualbudget.proofs.compile_book --write
+    fresh = templates()
+    assert fresh == TEMPLATES
+    with open(compiled_book.__file__) as stored:
+        assert stored.read() == render_module(fresh)
+
+
 class _DividesByTheLedger(Additive):
     def room(self, p: StepParams, ledger: Ledger) -> Num:
         return floordiv(ledger.token_budget, ledger.input_budget)
 
 
 def test_a_formula_it_cannot_translate_is_refused() -> None:
-    p = StepParams(64, 64, 8, 3, layout_named("eagle"))
     with pytest.raises(UntranslatableFormula, match="no translation"):
-        compile_kernel(_DividesByTheLedger(), p)
+        template(_DividesByTheLedger(), layout_named("eagle"))
 
 
 class _ReadsAForeignSymbol(Additive):
@@ -105,9 +119,15 @@ class _ReadsAForeignSymbol(Additive):
 
 
 def test_a_symbol_that_is_not_an_argument_or_a_config_number_is_refused() -> None:
-    p = StepParams(64, 64, 8, 3, layout_named("eagle"))
     with pytest.raises(UntranslatableFormula, match="'secret'"):
-        compile_kernel(_ReadsAForeignSymbol(), p)
+        template(_ReadsAForeignSymbol(), layout_named("eagle"))
+
+
+def test_a_policy_that_is_not_the_specs_has_no_compiled_book() -> None:
+    # The reference runs only what was compiled (and proven) ahead of time.
+    p = StepParams(64, 64, 8, 3, layout_named("eagle"))
+    with pytest.raises(NoCompiledBook, match="_DividesByTheLedger"):
+        compile_kernel(_DividesByTheLedger(), p)
 
 
 def test_a_symbolic_config_is_refused() -> None:
@@ -120,6 +140,7 @@ def _run(scheduler: Scheduler) -> Any:
     for i in range(4):
         scheduler.handle(AddRequest(str(i), 40, 4))
     record = scheduler.handle(ScheduleStep())
+    assert record is not None
     scheduler.handle(ModelOutput({rid: 1 for rid in record.num_scheduled_tokens}))
     return record
 
@@ -133,11 +154,11 @@ def test_the_contract_check_catches_a_kernel_that_charges_wrongly() -> None:
         num_gpu_blocks=64,
         speculative_config=SpeculativeConfig("dflash", 3, True),
     )
-    honest = Scheduler(config, profile_named("vllm-0.32"), check="record")
+    honest = Scheduler(config, profile_named("vllm-0.32"), check="collect")
     _run(honest)
     assert honest.violations == []
 
-    wrong = Scheduler(config, profile_named("vllm-0.32"), check="record")
+    wrong = Scheduler(config, profile_named("vllm-0.32"), check="collect")
     right_take = wrong.kernel.take
 
     def forgets_the_slots(token_budget: int, input_budget: int, q: int) -> Any:

@@ -1,4 +1,4 @@
-"""The method table of DESIGN.md section 1, pinned row by row with K = 4.
+"""The method table of docs/design.md §1.2, pinned row by row with K = 4.
 
 The expected numbers are written out by hand from the design's table, not computed by
 the code under test, so a changed row fails here and names itself.

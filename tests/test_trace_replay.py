@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dualbudget.reference.record import write_synthetic_trace
 from dualbudget.reference.replay import replay_trace
+from dualbudget.reference.synthetic_trace import write_synthetic_trace
 from dualbudget.reference.trace import TraceError, read_trace
 from dualbudget.reference.workload import preset
 

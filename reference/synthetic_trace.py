@@ -1,4 +1,4 @@
-"""Record the reference itself as a ``synthetic`` trace: the same events a live scheduler
+"""Write the reference itself as a ``synthetic`` trace: the same events a live scheduler
 would be fed, and the reference's own decisions. Used to test replay end to end without
 vLLM, and to hand-craft traces for review."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .driver import ScenarioRun
+from .events import ScheduleStep
 from .scenario import Scenario
 from .trace import TraceHeader, TraceWriter
 
@@ -15,7 +16,7 @@ def write_synthetic_trace(
     scenario: Scenario, path: str | Path, vllm_version: str, max_steps: int | None = None
 ) -> int:
     """Write the trace of ``scenario`` under its profile; returns the number of steps."""
-    run = ScenarioRun(scenario, max_steps=max_steps, check="record")
+    run = ScenarioRun(scenario, max_steps=max_steps, check="collect")
     header = TraceHeader(
         vllm_version=vllm_version,
         source="synthetic",
@@ -24,16 +25,11 @@ def write_synthetic_trace(
         notes={"profile": scenario.profile},
     )
     writer = TraceWriter(path, header)
-    scheduler, driver = run.scheduler, run.driver
     steps = 0
-    while not driver.done(scheduler.state):
-        for event in driver.before_step():
-            record = scheduler.handle(event)
-            writer.write(record if record is not None else event)
-        assert record is not None
-        for event in driver.after_step(record, scheduler.state):
-            scheduler.handle(event)
-            writer.write(event)
+    for step in run.steps():
+        # A trace holds the decision where the scheduler was asked for one.
+        for event in step.events:
+            writer.write(step.record if isinstance(event, ScheduleStep) else event)
         steps += 1
     writer.close()
     return steps

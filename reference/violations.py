@@ -1,9 +1,10 @@
-"""How the reference reports a broken contract item.
+"""How the reference reports a broken contract item: raised, or collected per step.
 
 The scheduler evaluates ``spec.invariants.step_violations`` (C1-C3) after every step. In
-``raise`` mode the first break raises ``ContractViolation``; in ``record`` mode every
-break is kept as a ``RecordedViolation`` and scheduling goes on, so that known findings
-(vllm-0.32 with dspark-fill-in breaks C3) can be replayed and inspected.
+``raise`` mode the first break raises ``ContractViolation``; in ``collect`` mode every
+break is kept as a ``StepViolation`` and scheduling goes on, so that known findings
+(vllm-0.32 with dspark-fill-in breaks C3) can be replayed and inspected. The contract
+itself is ``spec/contract.py``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-CheckMode = Literal["raise", "record"]
+CheckMode = Literal["raise", "collect"]
+CHECK_MODES: tuple[str, ...] = get_args(CheckMode)
 
 
 @dataclass(frozen=True)
-class RecordedViolation:
+class StepViolation:
+    """A contract item broken at one step, with what is needed to inspect it."""
+
     step: int
     contract: str
     message: str
@@ -34,11 +38,9 @@ class RecordedViolation:
 
 
 class ContractViolation(Exception):
-    """A contract item broke in a step; carries what is needed to replay it."""
+    """A contract item broke in a step (``raise`` mode); carries what is needed to replay it."""
 
-    def __init__(
-        self, violation: RecordedViolation, scenario: Mapping[str, Any] | None = None
-    ) -> None:
+    def __init__(self, violation: StepViolation, scenario: Mapping[str, Any] | None = None) -> None:
         super().__init__(
             f"contract {violation.contract} broken at step {violation.step}: {violation.message}"
         )

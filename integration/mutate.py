@@ -1,0 +1,261 @@
+"""``dualbudget mutate``: plant budget bugs in the installed vLLM's scheduler, fuzz each.
+
+Every site of every operator (``mutation.operators``) in vLLM's ``Scheduler.schedule``
+is one mutant: one bug, compiled from vLLM's own source into a scheduler class
+(``mutation.loading``, importable as ``mutation.classes:<name>``), fuzzed through the
+live lockstep against the detected profile with a fixed seed until its first divergence
+(``fuzz.first_divergence``). A mutant is ``killed`` (with the scenario file of its
+divergence, which replays to it with the mutant as the live scheduler), ``equivalent``
+(only with a written reason, ``mutation.equivalence``, z3-checked where arithmetic) or
+``survived``; the unmutated control, compiled the same way, must agree. Exit 0 only when
+none survived, 1 otherwise; an operator with no site, a refuted or contradicted
+equivalence claim, or a control that diverges is an error (1).
+
+Each mutant's fuzz runs its units in ``--jobs`` warm worker processes (``FuzzWorkers``,
+kept for the whole run); its result depends only on the mutant, the seed and the
+examples, so any ``--jobs`` gives the same report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from dualbudget.spec.errors import BadInput
+
+from .mutation.equivalence import ClaimRefuted, check, claims_for
+from .mutation.operators import OPERATORS, NoSite, Site
+
+DEFAULT_EXAMPLES = 200
+"""Examples per mutant: see docs/mutate.md for the measurement that sizes it."""
+MUTANT_SECONDS = 300
+"""A mutant that runs longer is taken to hang in vLLM's loop (an error, not a kill)."""
+CONTROL = "control"
+
+
+@dataclass
+class MutantResult:
+    name: str
+    operator: str
+    location: str
+    status: str
+    """``killed``, ``survived``, ``equivalent``; ``agrees`` for the control; ``error`` for
+    a run that could not decide (a hang, a reference finding)."""
+    reason: str | None = None
+    scenario: str | None = None
+    divergence: str | None = None
+    examples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Hang(BaseException):
+    """Raised by the alarm: a BaseException, so that no ``except Exception`` on the way
+    (the lockstep's, Hypothesis') takes it for the scheduler's own error."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds: int) -> Iterator[None]:
+    def fire(signum: int, frame: FrameType | None) -> None:
+        raise _Hang
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every mutant of one run is fuzzed with."""
+
+    profile: str
+    examples: int
+    seed: int
+    out_dir: Path
+    known_findings: frozenset[tuple[str, str, str]]
+
+
+def run_mutant(name: str, site: Site | None, plan: Plan, workers: Any) -> tuple[MutantResult, bool]:
+    """Fuzz mutant ``name`` (``site`` None: the control) until its first divergence;
+    (its result, whether ``workers`` were lost to a hang and must be replaced)."""
+    from .fuzz import first_divergence
+    from .mutation.classes import path_of
+
+    operator, location = (site.operator, site.location) if site else (CONTROL, "-")
+    start = time.monotonic()
+    try:
+        with _alarm(MUTANT_SECONDS):
+            divergence, result = first_divergence(
+                profile=plan.profile,
+                scheduler_cls=path_of(name),
+                seed=plan.seed,
+                examples=plan.examples,
+                out_dir=plan.out_dir / name.replace("/", "_"),
+                known_findings=plan.known_findings,
+                workers=workers,
+            )
+    except _Hang:
+        reason = f"no result within {MUTANT_SECONDS}s (a loop that never ends?)"
+        seconds = round(time.monotonic() - start, 1)
+        return MutantResult(name, operator, location, "error", reason, seconds=seconds), True
+    out = MutantResult(
+        name,
+        operator,
+        location,
+        "survived",
+        examples=result.examples,
+        steps=result.steps,
+        seconds=round(time.monotonic() - start, 1),
+    )
+    if site is None:
+        out.status = "agrees"
+    if divergence is not None:
+        out.status, out.scenario = "killed", divergence.scenario_path
+        out.divergence = f"{divergence.kind} at step {divergence.step}"
+    elif result.unknown_findings:
+        out.status = "error"
+        out.reason = f"the reference broke the contract: {result.unknown_findings[0].to_json()}"
+    return out, False
+
+
+def run_mutants(
+    sites: list[Site], plan: Plan, jobs: int
+) -> tuple[MutantResult, list[MutantResult]]:
+    """The control's result and every mutant's, in ``sites`` order. With ``jobs`` > 1 the
+    units of each mutant's fuzz run in that many warm worker processes, kept for the
+    whole run; the fuzz gives the same result for any ``jobs``."""
+    from .fuzz import FuzzWorkers
+
+    workers = FuzzWorkers(jobs) if jobs > 1 else None
+    results: list[MutantResult] = []
+    try:
+        for name, site in [(CONTROL, None), *((s.name, s) for s in sites)]:
+            result, lost = run_mutant(name, site, plan, workers)
+            results.append(result)
+            if lost and workers is not None:
+                workers.close()
+                workers = FuzzWorkers(jobs)
+    finally:
+        if workers is not None:
+            workers.close()
+    return results[0], results[1:]
+
+
+def decide(
+    results: list[MutantResult], vllm_version: str, operators: tuple[str, ...] = OPERATORS
+) -> list[str]:
+    """Apply the equivalence claims to the survivors; the errors of the run."""
+    claims = claims_for(vllm_version)
+    errors = []
+    for r in results:
+        claim = claims.get(r.name)
+        if claim is None:
+            continue
+        if r.status == "killed":
+            errors.append(f"{r.name} is claimed equivalent but was killed ({r.scenario})")
+        elif r.status == "survived":
+            r.status, r.reason = "equivalent", claim.reason
+    names = {r.name for r in results}
+    errors += [
+        f"equivalence claim for {n}: no such mutant in this vLLM's source"
+        for n in claims
+        if n not in names and n.split("/")[0] in operators
+    ]
+    return errors + [f"{r.name}: {r.reason}" for r in results if r.status == "error"]
+
+
+@dataclass(frozen=True)
+class MutateOptions:
+    """One ``dualbudget mutate`` run (``run_mutate_stage``); the command line fills it."""
+
+    known_findings: frozenset[tuple[str, str, str]]
+    """(profile, layout, contract) breaks that are findings, not failures."""
+    jobs: int = 1
+    operators: tuple[str, ...] = OPERATORS
+    examples: int = DEFAULT_EXAMPLES
+    seed: int = 1
+    profile: str | None = None
+    """None: detected from the installed vLLM."""
+    json: str | None = None
+    out_dir: str = "mutants"
+
+
+def run_mutate_stage(options: MutateOptions) -> int:
+    """Every mutant fuzzed, the table, the JSON report; the exit code."""
+    from .commands import choose_profile, quiet_vllm, vllm_or_exit, write_json
+    from .mutation.loading import installed_vllm_source, sites
+
+    quiet_vllm()
+    version = vllm_or_exit("mutate")
+    if version is None:
+        return 2
+    profile, how = choose_profile(options.profile)
+    operators = options.operators
+    source = installed_vllm_source()
+    try:
+        found = sites(source, operators)
+    except NoSite as err:
+        print(f"dualbudget mutate: error: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        raise BadInput(str(err)) from None
+    claims = claims_for(version)
+    try:
+        check(claims.values())
+    except ClaimRefuted as err:
+        print(f"dualbudget mutate: error: an equivalence claim is false: {err}", file=sys.stderr)
+        return 1
+    jobs = options.jobs
+    plan = Plan(
+        profile, options.examples, options.seed, Path(options.out_dir), options.known_findings
+    )
+    print(
+        f"dualbudget mutate: vLLM {version} ({source.path}), profile {profile} ({how}):"
+        f" {len(found)} mutants of {', '.join(operators)}; {plan.examples} examples each,"
+        f" seed {plan.seed}, {jobs} job{'s' if jobs > 1 else ''}",
+        flush=True,
+    )
+    start = time.monotonic()
+    control, results = run_mutants(found, plan, jobs)
+    errors = decide(results, version, operators)
+    if control.status != "agrees":
+        errors.insert(0, f"the unmutated control did not pass: {control.status} {control.scenario}")
+    for r in results:
+        tail = r.scenario or r.reason or ""
+        print(f"  {r.status:<10} {r.name:<56} {r.location:<14} {r.seconds:>6.1f}s  {tail}")
+    counts = {s: sum(r.status == s for r in results) for s in ("killed", "survived", "equivalent")}
+    seconds = time.monotonic() - start
+    print(
+        f"{len(results)} mutants: {counts['killed']} killed, {counts['survived']} survived,"
+        f" {counts['equivalent']} equivalent, in {seconds:.0f}s"
+    )
+    for error in errors:
+        print(f"dualbudget mutate: error: {error}", file=sys.stderr)
+    write_json(
+        options.json,
+        {
+            "vllm_version": version,
+            "profile": profile,
+            "scheduler_file": source.path,
+            "examples": plan.examples,
+            "seed": plan.seed,
+            "seconds": round(seconds, 1),
+            "control": control.to_json(),
+            "mutants": [r.to_json() for r in results],
+        },
+    )
+    return 1 if errors or counts["survived"] else 0

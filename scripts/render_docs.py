@@ -1,0 +1,230 @@
+"""Render the generated blocks of the Markdown documents from the code they describe.
+
+A generated block is the text between ``<!-- NAME: generated from SOURCE ... -->`` and
+``<!-- /NAME -->``. Its content is a function of the code (the contract of
+spec/contract.py, the method table of spec/methods.py, ...), so a document cannot drift
+from the code: ``tests/test_docs.py`` fails when a block differs from its rendering, and
+
+    .venv/bin/python scripts/render_docs.py           # rewrite every block in place
+    .venv/bin/python scripts/render_docs.py --check   # exit 1, naming the stale blocks
+
+This script only rewrites blocks that are already there; where a document shows a block
+is the document's choice (``REQUIRED`` names the blocks each document must hold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from dualbudget.spec.contract import CONTRACT, contract_markdown
+from dualbudget.spec.methods import LAYOUTS, VLLM_VERSIONS, MethodLayout, PerK
+from dualbudget.spec.profiles import PROFILES
+
+REPO = Path(__file__).resolve().parent.parent
+
+BLOCK = re.compile(
+    r"(?P<open><!-- (?P<name>[a-z][a-z-]*): generated from [^>]*-->\n)"
+    r"(?P<body>.*?)"
+    r"(?P<close><!-- /(?P=name) -->)",
+    re.DOTALL,
+)
+"""A generated block; its body is everything between the two marker lines."""
+
+MODULE_FOLDERS = ("spec", "reference", "proofs", "integration", "dualbudget")
+
+
+# -- the renderings ----------------------------------------------------------------------
+def _per_k(value: PerK) -> str:
+    """``per_k * K + const`` as it reads in the design: ``0``, ``1``, ``K``, ``K - 1``."""
+    if value.per_k == 0:
+        return str(value.const)
+    k = "K" if value.per_k == 1 else f"{value.per_k}K"
+    if value.const == 0:
+        return k
+    return f"{k} {'+' if value.const > 0 else '-'} {abs(value.const)}"
+
+
+def draft_rows_formula(layout: MethodLayout) -> str:
+    """``C(q) = e*q + f(K)`` of one row, written out: ``q + K - 1``, ``K + 1``, ``0``."""
+    e, f = layout.carries_target_rows, layout.draft_extra
+    target = "" if e == 0 else ("q" if e == 1 else f"{e}q")
+    extra = "" if f.per_k == 0 and f.const == 0 else _per_k(f)
+    if target and extra:
+        return f"{target} {extra}" if extra.startswith("-") else f"{target} + {extra}"
+    return target or extra or "0"
+
+
+def _method_cell(layout: MethodLayout) -> str:
+    methods = ", ".join(f"`{method}`" for method in layout.methods)
+    if layout.dspark_layout is not None:
+        methods += f" (`dspark_layout: {layout.dspark_layout}`)"
+    return methods
+
+
+def _parallel_cell(layout: MethodLayout) -> str:
+    if layout.parallel_drafting is None:
+        return "forced on by vLLM"
+    return str(layout.parallel_drafting).lower()
+
+
+def method_table() -> str:
+    """The method table of spec/methods.py ``LAYOUTS``, one row per layout."""
+    versions = VLLM_VERSIONS
+    header = [
+        "layout",
+        "vLLM `method`",
+        "`parallel_drafting`",
+        "`C(q)`",
+        *(f"slots {v}" for v in versions),
+        *(f"`num_lookahead_tokens` {v}" for v in versions),
+        "why",
+    ]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for layout in LAYOUTS:
+        lines.append(
+            _row(
+                [
+                    f"`{layout.name}`",
+                    _method_cell(layout),
+                    _parallel_cell(layout),
+                    f"`{draft_rows_formula(layout)}`",
+                    *(f"`{_per_k(layout.slots[v])}`" for v in versions),
+                    *(f"`{_per_k(layout.lookahead[v])}`" for v in versions),
+                    layout.why,
+                ]
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def profile_table() -> str:
+    """The profiles of spec/profiles.py ``PROFILES``: name, policy, release, summary."""
+    header = ["profile", "policy", "vLLM release", "what it does"]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for profile in PROFILES.values():
+        release = profile.vllm_version or "none"
+        lines.append(
+            _row([f"`{profile.name}`", f"`{profile.policy.name}`", release, profile.summary])
+        )
+    return "\n".join(lines) + "\n"
+
+
+def contract_predicates() -> str:
+    """Each contract item with its kind and the predicates that state it: the functions of
+    spec/invariants.py whose docstring opens with the item's id (``C4 progress: ...``)."""
+    tree = ast.parse((REPO / "spec" / "invariants.py").read_text())
+    stated: dict[str, list[str]] = {item.id: [] for item in CONTRACT}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            opening = re.match(r"(C[1-9])[ ,:]", ast.get_docstring(node) or "")
+            if opening and opening[1] in stated:
+                stated[opening[1]].append(f"`{node.name}`")
+    header = ["item", "kind", "stated by (`spec/invariants.py`)"]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for item in CONTRACT:
+        predicates = ", ".join(stated[item.id]) or "none"
+        lines.append(_row([f"{item.id} {item.name}", item.kind, predicates]))
+    return "\n".join(lines) + "\n"
+
+
+def module_summary(path: Path) -> str:
+    """The first paragraph of a module's docstring, on one line, RST literals as Markdown."""
+    docstring = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
+    paragraph = " ".join(docstring.split("\n\n")[0].split())
+    return paragraph.replace("``", "`")
+
+
+def module_table() -> str:
+    """Every module of the distribution's packages with the first paragraph of its
+    docstring (the top ``__init__`` files and ``__main__`` say nothing more)."""
+    lines = [_row(["module", "what it is"]), _row(["---", "---"])]
+    for folder in MODULE_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.relative_to(REPO)
+            top_init = path.name == "__init__.py" and relative.parent == Path(folder)
+            if path.name == "__main__.py" or top_init:
+                continue
+            # A subpackage is listed by its folder, with its __init__'s docstring.
+            name = f"{relative.parent.as_posix()}/" if path.name == "__init__.py" else relative
+            lines.append(_row([f"`{name}`", module_summary(path)]))
+    return "\n".join(lines) + "\n"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "contract": contract_markdown,
+    "predicates": contract_predicates,
+    "methods": method_table,
+    "profiles": profile_table,
+    "modules": module_table,
+}
+"""Each block name and the function that renders its body."""
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "README.md": ("contract", "profiles"),
+    "proofs/README.md": ("contract",),
+    "docs/design.md": ("contract", "predicates", "methods", "profiles", "modules"),
+}
+"""The blocks each document must hold; any document may hold any other block."""
+
+
+# -- rewriting ---------------------------------------------------------------------------
+def render_text(text: str) -> str:
+    """``text`` with the body of every generated block replaced by its rendering.
+
+    Raises KeyError for a block whose name has no renderer."""
+
+    def replace(match: re.Match[str]) -> str:
+        body = RENDERERS[match["name"]]()
+        return match["open"] + body + match["close"]
+
+    return BLOCK.sub(replace, text)
+
+
+def block_names(text: str) -> list[str]:
+    return [match["name"] for match in BLOCK.finditer(text)]
+
+
+def stale_blocks(path: Path) -> list[str]:
+    """The blocks of ``path`` whose body differs from the rendering (or that lack one)."""
+    text = path.read_text()
+    stale = []
+    for match in BLOCK.finditer(text):
+        renderer = RENDERERS.get(match["name"])
+        if renderer is None:
+            stale.append(f"{match['name']} (no renderer for this block name)")
+        elif match["body"] != renderer():
+            stale.append(match["name"])
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 on drift")
+    args = parser.parse_args(argv)
+    failures = []
+    for name, wanted in REQUIRED.items():
+        path = REPO / name
+        missing = sorted(set(wanted) - set(block_names(path.read_text())))
+        failures += [f"{name}: no {block} block" for block in missing]
+        stale = stale_blocks(path)
+        if args.check:
+            failures += [f"{name}: block {block} differs from its rendering" for block in stale]
+        elif stale:
+            path.write_text(render_text(path.read_text()))
+            print(f"{name}: rewrote {', '.join(stale)}")
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

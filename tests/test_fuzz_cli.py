@@ -1,0 +1,81 @@
+"""The command line of the fuzz, without vLLM: every flag of ``fuzz`` and ``check``
+reaches its typed stage (a renamed flag fails here, not silently in ``check``), the
+known findings come from the proofs' manifest, and one example count serves both."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dualbudget import check as check_module
+from dualbudget import fuzz_cli
+from dualbudget.cli import FUZZ_EXAMPLES, build_parser, main
+from dualbudget.integration import commands
+from dualbudget.proofs.manifest import expected_findings
+
+
+def test_the_known_findings_are_the_manifests_per_step_ones() -> None:
+    known = fuzz_cli.known_findings()
+    assert ("vllm-0.32", "dspark-fill-in", "C3") in known
+    assert known == {key for key in expected_findings() if key[2] in ("C1", "C2", "C3")}
+    assert all(contract in fuzz_cli.STEP_CHECKED for _, _, contract in known)
+
+
+def test_fuzz_and_check_share_one_example_count() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["fuzz"]).examples == FUZZ_EXAMPLES
+    assert parser.parse_args(["check"]).fuzz_examples == FUZZ_EXAMPLES
+
+
+def test_every_fuzz_flag_reaches_the_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[commands.FuzzOptions] = []
+    monkeypatch.setattr(commands, "run_fuzz_stage", lambda options: seen.append(options) or 0)
+    monkeypatch.setattr(fuzz_cli, "check_scheduler_cls", lambda path: None)
+    argv = ["fuzz", "--examples", "9", "--seed", "4", "--jobs", "3", "--profile", "vllm-0.33"]
+    argv += ["--max-seconds", "7", "--json", "f.json", "--out-dir", "d", "--layout", "ngram"]
+    argv += ["--no-coverage-gate", "--scheduler-cls", "my.Scheduler"]
+    assert main(argv) == 0
+    [options] = seen
+    assert options == commands.FuzzOptions(
+        examples=9,
+        seed=4,
+        known_findings=fuzz_cli.known_findings(),
+        jobs=3,
+        profile="vllm-0.33",
+        max_seconds=7.0,
+        json_path="f.json",
+        out_dir="d",
+        layouts=("ngram",),
+        coverage_gate=False,
+        scheduler_cls="my.Scheduler",
+    )
+
+
+def test_every_check_flag_reaches_the_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(check_module, "run_check", lambda **kw: seen.update(kw) or 0)
+    argv = ["check", "--fuzz-examples", "5", "--fuzz-seconds", "9", "--seed", "2"]
+    argv += ["--json", "c.json", "--out-dir", "d", "--jobs", "2", "--scheduler-cls", "a:B"]
+    assert main(argv) == 0
+    assert seen == {
+        "fuzz_examples": 5,
+        "fuzz_seconds": 9.0,
+        "seed": 2,
+        "jobs": 2,
+        "json_path": "c.json",
+        "out_dir": "d",
+        "scheduler_cls": "a:B",
+    }
+
+
+def test_the_proofs_stage_runs_prove_with_the_parsers_own_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dualbudget.proofs import commands as proofs_commands
+
+    seen: list[Any] = []
+    monkeypatch.setattr(proofs_commands, "prove", lambda args: seen.append(args) or 0)
+    assert check_module.run_proofs() == 0
+    [args] = seen
+    assert args == build_parser().parse_args(["prove"])
