@@ -110,7 +110,12 @@ def shares(examples: int, layouts: list[str]) -> list[tuple[str, str, int]]:
             for name, aim in AIMS.items():
                 if name != "mixed":
                     parts[name] = max(1, share * aim.weight // total_weight)
-            parts["mixed"] = share - sum(parts.values())
+            if share - sum(parts.values()) < 1:
+                # The weights' floors of one took it all: one each, the rest to mixed.
+                parts = dict.fromkeys(AIMS, 1)
+                parts["mixed"] = share - (len(AIMS) - 1)
+            else:
+                parts["mixed"] = share - sum(parts.values())
         units += [(layout, name, n) for name, n in parts.items() if n > 0]
     return units
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The test job: lint, types, the core suite (spec, reference, proofs, traces), the mutant
-# suite, then inside each real vLLM (0.32 and 0.33) the live suite, a seeded lockstep
-# fuzz and the benchmark (its ratio printed, never asserted). Installs everything it
-# needs (virtual environments under the repository root).
+# The test job: lint, types, the core suite (spec, reference, proofs, traces), the spec's
+# mutants, then inside each real vLLM (0.32 and 0.33) the live suite, a seeded lockstep
+# fuzz and the benchmark (its ratio printed, never asserted), and last the budget bugs
+# planted in each vLLM's scheduler (dualbudget mutate). Installs everything it needs
+# (virtual environments under the repository root).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$repo"
@@ -12,7 +13,7 @@ ensure_core_env
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "== mypy --strict spec reference"
+echo "== mypy --strict, every package"
 .venv/bin/python scripts/mypy_strict.py
 echo "== core tests (no vLLM)"
 .venv/bin/pytest -m "not live" tests

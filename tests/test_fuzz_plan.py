@@ -11,7 +11,7 @@ from dualbudget.integration.lockstep import COVERAGE_EVENTS
 from dualbudget.spec.methods import LAYOUT_NAMES
 
 
-@pytest.mark.parametrize("examples", [1, 7, 8, 30, 200, 1001])
+@pytest.mark.parametrize("examples", [1, 7, 8, 30, 56, 64, 72, 200, 1001])
 def test_shares_add_up_and_spread_over_the_methods(examples: int) -> None:
     layouts = list(LAYOUT_NAMES)
     units = shares(examples, layouts)
