@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="check recorded vLLM traces against the reference")
     replay.add_argument("traces", nargs="+", metavar="TRACE", help="dualbudget-trace NDJSON")
     replay.add_argument("--profile", choices=PROFILE_NAMES, help="default: from vllm_version")
+    replay.add_argument("--json", metavar="FILE", help="one summary per trace (docs/traces.md)")
     replay.set_defaults(run="dualbudget.reference.replay:replay")
 
     workload = sub.add_parser("workload", help="write a seeded synthetic workload scenario")
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     prove.add_argument("--layout", action="append", choices=LAYOUT_NAMES)
     prove.add_argument("--only", action="append", choices=CONTRACT_IDS, metavar="CONTRACT")
     prove.add_argument("--mutants", action="store_true", help="also run the mutant suite")
+    prove.add_argument(
+        "--reach", action="store_true", help="also the reach of each finding (proofs/reach.py)"
+    )
     prove.add_argument("--json", metavar="FILE")
     prove.add_argument("--junit", metavar="FILE")
     prove.add_argument("--witness-dir", metavar="DIR", help="where witness scenarios go")
@@ -147,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser("simulate", help="what a budget policy costs on a workload")
     add_arguments(simulate)
     simulate.set_defaults(run="dualbudget.simulate_cli:simulate_command")
+
+    from dualbudget.diff_cli import add_arguments as add_diff_arguments
+
+    diff = sub.add_parser("diff", help="where two profiles decide differently")
+    add_diff_arguments(diff)
+    diff.set_defaults(run="dualbudget.diff_cli:diff_command")
 
     report = sub.add_parser("report", help="write the design-review document")
     report.add_argument("--out", metavar="DIR", required=True)

@@ -2,8 +2,11 @@
 
 One Markdown file (``DIR/design-review.md``) with its plots beside it: the contract
 C1-C6, the profiles (the releases and the upstream proposals), the proof verdicts
-(profiles x layouts x contract items, with the findings and their witness scenarios), the
-trace-replay status of the bundled traces and whether a vLLM is installed for the
+(profiles x layouts x contract items, with the findings and their witness scenarios),
+the reach of each finding in a realistic config space (``proofs/reach.py``, each
+scenario replayed through the reference), where pairs of profiles decide differently
+(z3 per layout, ``dualbudget diff`` on the standard workloads), the trace-replay status
+of the bundled traces and whether a vLLM is installed for the
 differential suite, and the simulation table on the standard workloads under a named
 calibration of the step-time model.
 """
@@ -62,9 +65,11 @@ def proofs_section(out: Path) -> list[str]:
 
     started = time.perf_counter()
     manifest = load_manifest()
-    outcomes = run(select(), manifest)
+    obligations = select()
+    outcomes = run(obligations, manifest)
     write_witnesses(outcomes, out / "witnesses")
     report = summary(outcomes, time.perf_counter() - started)
+    reach = reach_lines(obligations, outcomes, manifest, out)
     lines = [
         "## Proof verdicts",
         "",
@@ -111,7 +116,131 @@ def proofs_section(out: Path) -> list[str]:
             if o.table:
                 lines += ["", "```", o.table.strip("\n"), "```", ""]
         lines.append("")
-    return lines
+    return [*lines, *reach]
+
+
+def reach_lines(
+    obligations: Sequence[Any], outcomes: Sequence[Any], manifest: Any, out: Path
+) -> list[str]:
+    """The reach table: each expected failure's minimal witness, its region in the
+    realistic box (z3, proofs/reach.py) and whether the event flow produces it, with its
+    scenario replayed here through the reference scheduler."""
+    from dualbudget.proofs.commands import write_reach_scenarios
+    from dualbudget.proofs.reach import REACH_BOX, minimal_witness, reach_rows
+    from dualbudget.proofs.runner import run_reach
+    from dualbudget.reach_replay import replay_reach
+
+    started = time.perf_counter()
+    reaches = run_reach(obligations, manifest)
+    write_reach_scenarios(reaches, out / "witnesses" / "reach")
+    rows = reach_rows(reaches, {o.name: minimal_witness(o.table) for o in outcomes})
+    rows[0].append("reference replay")
+    for r, row in zip(reaches, rows[1:], strict=True):
+        shown = replay_reach(r.profile, r.check, r.scenario) if r.scenario else None
+        if r.scenario_path:
+            name = Path(r.scenario_path).name
+            row[3] += f" ([scenario](witnesses/reach/{name}))"
+        row.append(shown or ("not replayed: no scenario" if not r.scenario else "NOT SHOWN"))
+    return [
+        "### The reach of each finding",
+        "",
+        f"Computed by z3 on each obligation's own queries with the config in {REACH_BOX.text()}"
+        " (proofs/reach.py); a region is the set of K that fail, then per K the candidate z3"
+        " proves every failing config lies in and finds failures at the corners of, or the"
+        " failing set's bounding ranges. Each scenario is one step of prompts arriving"
+        " together, replayed through the reference scheduler."
+        f" {time.perf_counter() - started:.1f} s.",
+        "",
+        _table(rows),
+        "",
+    ]
+
+
+DIFF_PAIRS = (
+    ("vllm-0.32", "vllm-0.33"),
+    ("vllm-0.33", "dual"),
+    ("vllm-0.32", "dual"),
+    ("dual", "pr-53080"),
+    ("vllm-0.32", "pr-52996"),
+    ("pr-52996", "fork-605"),
+)
+"""The profile pairs the review compares: each release step and each proposal against
+what it changes."""
+
+
+def differences_section(seed: int, quick: bool) -> list[str]:
+    """Where pairs of profiles decide differently: z3 per layout within the diff search's
+    bounds (not with ``--quick``), and the reference on the standard workloads."""
+    lines = ["## Where the policies differ", ""]
+    if quick:
+        lines += ["The z3 comparison per layout is not run (`--quick`).", ""]
+    else:
+        lines += proved_differences()
+    return [*lines, *workload_differences(seed, quick)]
+
+
+def proved_differences() -> list[str]:
+    """Per pair and layout, ``same (proved)`` or what separates them
+    (proofs/same_decisions.py), for configs in the ``dualbudget diff --search`` bounds."""
+    from dualbudget.diff_cli import SEARCH_BOUNDS
+    from dualbudget.proofs.same_decisions import Bounds, same_decisions
+    from dualbudget.spec.methods import LAYOUT_NAMES
+
+    bounds = Bounds(SEARCH_BOUNDS.b, SEARCH_BOUNDS.m, SEARCH_BOUNDS.k)
+    rows = [["pair", *LAYOUT_NAMES]]
+    for a, b in DIFF_PAIRS:
+        cells = []
+        for layout in LAYOUT_NAMES:
+            proof = same_decisions(a, b, layout, bounds)
+            cells.append("same (proved)" if proof.equal else proof.reason.split(" (K=")[0])
+        rows.append([f"{a} vs {b}", *cells])
+    return [
+        "z3 per layout (proofs/same_decisions.py): `same (proved)` where the two accept the"
+        " same configs, cap running requests alike and grant every request the same in every"
+        " step, for B, max_num_seqs and K in the `dualbudget diff --search` bounds"
+        f" ({SEARCH_BOUNDS.text()}); else the first item that separates them.",
+        "",
+        _table(rows),
+        "",
+    ]
+
+
+def workload_differences(seed: int, quick: bool) -> list[str]:
+    """``dualbudget diff`` of vllm-0.33 and vllm-0.32 against dual on each standard
+    workload: the first differing step, steps and target tokens per step."""
+    from dualbudget.reference.diff import compare
+
+    rows = [["workload", "pair", "first differing step", "steps", "target tokens/step"]]
+    for name, _ in STANDARD_WORKLOADS:
+        workload = preset(name)
+        if quick:
+            workload = replace(workload, num_requests=min(workload.num_requests, 64))
+        scenario = workload.scenario(seed)
+        for a, b in (("vllm-0.33", "dual"), ("vllm-0.32", "dual")):
+            try:
+                result = compare(scenario, a, b)
+            except BadInput as err:
+                rows.append([name, f"{a} vs {b}", f"refused: {err}", "", ""])
+                continue
+            ta, tb = result.totals
+            first = "none" if result.first is None else str(result.first.step)
+            rows.append(
+                [
+                    name,
+                    f"{a} vs {b}",
+                    first,
+                    f"{ta.steps} vs {tb.steps}",
+                    f"{ta.tokens_per_step:.1f} vs {tb.tokens_per_step:.1f}",
+                ]
+            )
+    return [
+        "On the standard workloads (`dualbudget diff`, the reference under each profile):",
+        "",
+        _table(rows),
+        "",
+        "See docs/diff.md for the `dualbudget diff --search` figures.",
+        "",
+    ]
 
 
 def profiles_section() -> list[str]:
@@ -294,8 +423,8 @@ def report(args: argparse.Namespace) -> int:
         "# Design review: token budgets under speculative decoding",
         "",
         "Generated by `dualbudget report`. Sections: the contract, the profiles, the proof"
-        " verdicts, the differential and trace-replay status, the simulation on standard"
-        " workloads.",
+        " verdicts with the reach of each finding, where the policies differ, the"
+        " differential and trace-replay status, the simulation on standard workloads.",
         "",
         "## The contract",
         "",
@@ -309,6 +438,7 @@ def report(args: argparse.Namespace) -> int:
         lines += ["## Proof verdicts", "", "Not run (`--quick`).", ""]
     else:
         sections.append(("proofs", lambda: proofs_section(out)))
+    sections.append(("differences", lambda: differences_section(args.seed, args.quick)))
     fuzz_json = Path(args.fuzz_json) if args.fuzz_json else None
     sections.append(("traces", lambda: traces_section(fuzz_json)))
     sections.append(

@@ -134,8 +134,6 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
 
 
 def fuzz_json(result: FuzzResult) -> dict[str, Any]:
-    from .fuzz import REQUIRED_EVENTS
-
     return {
         "vllm_version": result.vllm_version,
         "profile": result.profile,
@@ -146,9 +144,7 @@ def fuzz_json(result: FuzzResult) -> dict[str, Any]:
         "coverage_by_method": result.coverage,
         "constructions": {k: sorted(v) for k, v in result.constructions.items()},
         "examples_by_unit": result.examples_by_unit,
-        "required_coverage": {
-            layout: list(REQUIRED_EVENTS.get(layout, ())) for layout in result.coverage
-        },
+        "required_coverage": {layout: list(result.required(layout)) for layout in result.coverage},
         "stopped_by_time": result.stopped_by_time,
         "findings": [f.to_json() for f in result.findings],
         "refused_configs": result.refused_configs,
@@ -168,13 +164,17 @@ SHORT_EVENT_NAMES = {
     "max_model_len_cap": "len-cap",
     "bound_after_refund": "after-refund",
     "token_budget_bound": "token-bound",
+    "async_in_flight": "in-flight",
+    "stale_output": "stale",
+    "in_flight_max_tokens_skip": "max-tok-skip",
+    "natural_stop": "stop",
 }
 """The coverage table's column heads."""
 
 
 def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple[int, str]:
     """(exit code, the coverage table and the verdict line)."""
-    from .fuzz import AIMS, REQUIRED_EVENTS
+    from .fuzz import AIMS
     from .lockstep import COVERAGE_EVENTS
 
     short = SHORT_EVENT_NAMES
@@ -182,7 +182,7 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
     lines = ["", "coverage (events per method):", head + "  built as"]
     for layout in layouts:
         per = result.coverage.get(layout, {})
-        required = REQUIRED_EVENTS.get(layout, COVERAGE_EVENTS)
+        required = result.required(layout)
         built = ", ".join(sorted(result.constructions.get(layout, set()))) or "-"
         # A count the gate does not require is shown in parentheses.
         cells = [
@@ -275,11 +275,13 @@ def bench_workloads(profile: str) -> list[Scenario]:
     from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 
     workloads = []
-    for spec in (
-        None,
-        SpeculativeConfig("ngram", 3),
-        SpeculativeConfig("eagle3", 4, True),
-        SpeculativeConfig("dflash", 4, True),
+    # The last stream is vLLM's default for a model-based drafter: async scheduling.
+    for spec, async_scheduling in (
+        (None, False),
+        (SpeculativeConfig("ngram", 3), False),
+        (SpeculativeConfig("eagle3", 4, True), False),
+        (SpeculativeConfig("dflash", 4, True), False),
+        (SpeculativeConfig("eagle3", 4, True), True),
     ):
         config = EngineConfig(
             max_num_batched_tokens=512,
@@ -288,6 +290,7 @@ def bench_workloads(profile: str) -> list[Scenario]:
             block_size=16,
             num_gpu_blocks=4096,
             speculative_config=spec,
+            async_scheduling=async_scheduling,
         )
         requests = tuple(
             RequestSpec(str(i), 32 + (i * 37) % 96, 48 + (i * 53) % 80, i // 16) for i in range(128)
@@ -298,9 +301,11 @@ def bench_workloads(profile: str) -> list[Scenario]:
 
 
 def workload_method(scenario: Scenario) -> str:
-    """A bench workload's name: its speculative method, or ``none``."""
+    """A bench workload's name: its speculative method (or ``none``), ``+async`` under
+    async scheduling."""
     spec = scenario.config.speculative_config
-    return str(spec.method) if spec else "none"
+    name = str(spec.method) if spec else "none"
+    return f"{name}+async" if scenario.config.async_scheduling else name
 
 
 def _record_events(scenario: Scenario) -> list[list[Event]]:
@@ -401,7 +406,7 @@ def run_bench(*, profile: str | None, repeat: int, json_path: str | None) -> int
             totals[mode][1] += elapsed
         rows.append((method, len(stream), timings))
         print(
-            f"  {method:<8} {len(stream):>5} steps: reference {timings['reference']:>9.0f}/s"
+            f"  {method:<12} {len(stream):>5} steps: reference {timings['reference']:>9.0f}/s"
             f"  live {timings['live']:>7.0f}/s  lockstep {timings['lockstep']:>7.0f}/s"
             f"  ratio {timings['reference'] / timings['live']:.1f}x",
             flush=True,

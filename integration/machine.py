@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 )
 
 from dualbudget.reference.kv import cdiv
-from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import profile_named
@@ -85,8 +85,25 @@ class TimeUp(Exception):
     """Raised by a unit's first rule once its time is spent: ends that Hypothesis run."""
 
 
+class Outcome:
+    """What stops a fuzz, for a unit (``UnitRun``) and a whole run (``fuzz.FuzzResult``)
+    alike: a divergence, or a C1-C3 break that is not a known finding."""
+
+    divergences: list[Divergence]
+    findings: list[Finding]
+
+    @property
+    def unknown_findings(self) -> list[Finding]:
+        return [f for f in self.findings if not f.known]
+
+    @property
+    def stopped(self) -> bool:
+        """A divergence or an unknown finding: the fuzz stops here."""
+        return bool(self.divergences or self.unknown_findings)
+
+
 @dataclass
-class UnitRun:
+class UnitRun(Outcome):
     """What one (layout, aim) unit ran and found: the state its machines share."""
 
     profile: str
@@ -112,15 +129,6 @@ class UnitRun:
     stopped_by_time: bool = False
     seconds: float = 0.0
     """Wall time of the unit's Hypothesis run."""
-
-    @property
-    def unknown_findings(self) -> list[Finding]:
-        return [f for f in self.findings if not f.known]
-
-    @property
-    def stopped(self) -> bool:
-        """A divergence or an unknown finding: the fuzz stops at this unit."""
-        return bool(self.divergences or self.unknown_findings)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -169,6 +177,13 @@ def _reserve(profile: str, layout: str, k: int) -> tuple[int, int]:
     policy = profile_named(profile).policy
     p = StepParams(1, 1, 1, k, row)
     return int(policy.draft_slots(p)), int(policy.num_lookahead_tokens(p))
+
+
+def _admitted(profile: str, layout: str, k: int, b: int, seqs: int) -> int:
+    """Requests the profile's policy lets run at once (``max_active_requests``) at K, B
+    and ``max_num_seqs``."""
+    policy = profile_named(profile).policy
+    return int(policy.max_active_requests(StepParams(b, b, seqs, k, layout_named(layout))))
 
 
 def _speculative(layout: str, k: int) -> SpeculativeConfig:
@@ -307,22 +322,33 @@ def refund_config(draw: st.DrawFn, profile: str, layout: str) -> EngineConfig:
     (``max_num_scheduled_tokens`` a few decode widths, the input budget loose), so that a
     token refund that restores too much or too little shows; or the input budget (vLLM's
     default token budget, ``B`` a few decode widths with their s slots each above the
-    lookahead), so that an input refund that does shows."""
+    lookahead), so that an input refund that does shows. Where the policy caps admission
+    by ``B`` (vLLM 0.33's DFlash and DSpark, ``StaticCap.max_active_requests``: at most
+    ``B // num_lookahead_tokens`` running) the token budget always binds and ``B`` is
+    raised to admit ``max_num_seqs``: the input branch's ``B`` of a few decode widths
+    would run only B // K or B // (K + 1) requests at once, too few for a victim, the
+    request preempting it and one cut after both (the seed-1 fuzz counted no
+    ``bound_after_refund`` for them before)."""
     k = draw(st.integers(1, 5))
     slots, lookahead = _reserve(profile, layout, k)
     max_model_len = draw(st.sampled_from([32, 48, 64]))
     need = cdiv(max_model_len, 2) + 1
     width = 1 + k
     cap: int | None
-    if draw(st.booleans(), label="token budget binds"):
+    capped = _admitted(profile, layout, k, 1, 8) < 8  # admission depends on B
+    token_binds = draw(st.booleans(), label="token budget binds")
+    if token_binds or capped:
         cap = draw(st.integers(width + 1, 3 * width))
         b = max(lookahead + 2, cap + draw(st.integers(8 * slots, 8 * slots + 16)))
     else:
         cap = None
         b = max(lookahead + 2, draw(st.integers(width + slots + 1, 3 * (width + slots))))
+    seqs = draw(st.integers(6, 8))
+    if capped:
+        b = max(b, seqs * lookahead)  # admits max_num_seqs: B // lookahead >= seqs
     return EngineConfig(
         max_num_batched_tokens=b,
-        max_num_seqs=draw(st.integers(6, 8)),
+        max_num_seqs=seqs,
         max_model_len=max_model_len,
         block_size=2,
         num_gpu_blocks=draw(st.integers(need, need + need // 2)),
@@ -395,6 +421,39 @@ def edge_config(draw: st.DrawFn, profile: str, layout: str) -> EngineConfig:
     )
 
 
+@st.composite
+def lone_config(draw: st.DrawFn, profile: str, layout: str) -> EngineConfig:
+    """The long-prefill threshold with one request alone: vLLM applies it only when more
+    than one request is running or waiting (``num_eligible_reqs > 1``), so that a lone
+    prefill is never cut for the sake of others. ``LoneMachine`` opens with one request
+    longer than the threshold, under budgets above it, and steps at once: its first grant
+    is the whole remaining budget, where a threshold applied alone would cut it to the
+    threshold; the requests added later make the threshold bite. Every other aim either
+    draws the threshold rarely (``mixed``: a third of its draws, mostly above the
+    prompts) or opens with a crowd."""
+    k = draw(st.integers(1, 5))
+    slots, lookahead = _reserve(profile, layout, k)
+    block_size = draw(st.sampled_from([4, 8, 16]))
+    max_model_len = draw(st.sampled_from([32, 48, 64]))
+    need = cdiv(max_model_len, block_size) + 1
+    threshold = draw(st.integers(1, 8))
+    # The first grant, min(prompt, B, B - slots), stays above the threshold.
+    low = max(4, lookahead + 2, threshold + slots + 2)
+    b = draw(st.integers(low, low + 24))
+    return EngineConfig(
+        max_num_batched_tokens=b,
+        max_num_seqs=draw(st.integers(1, min(8, b))),
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_gpu_blocks=draw(st.integers(need * 3, need * 4)),
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=threshold,
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        max_num_scheduled_tokens=None,
+        speculative_config=_speculative(layout, k),
+    )
+
+
 # -- the machine ----------------------------------------------------------------------------
 class LockstepMachine(RuleBasedStateMachine):
     """The rules and the invariant every aim shares; the draws are those of ``mixed``.
@@ -405,6 +464,8 @@ class LockstepMachine(RuleBasedStateMachine):
     run: ClassVar[UnitRun]
     initial_requests_low: ClassVar[int] = 1
     initial_requests_high: ClassVar[int] = 6
+    draws_async_and_stops: ClassVar[bool] = True
+    """Whether examples draw async scheduling and natural stops."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -441,6 +502,15 @@ class LockstepMachine(RuleBasedStateMachine):
             run.stopped_by_time = True
             raise TimeUp
         run.started += 1
+        spec = config.speculative_config
+        # Async scheduling (vLLM's default for these drafters) in about half the examples.
+        if (
+            self.draws_async_and_stops
+            and spec is not None
+            and runs_async(spec, profile_named(run.profile).policy.tables)
+            and data.draw(st.booleans(), label="async_scheduling")
+        ):
+            config = replace(config, async_scheduling=True)
         try:
             self.lock = Lockstep(
                 config,
@@ -529,11 +599,21 @@ class LockstepMachine(RuleBasedStateMachine):
         def propose(rid: str) -> int:
             return int(data.draw(st.sampled_from([k, k, k, 0, 1, max(k - 1, 0)])))
 
+        natural_stops = self.draws_async_and_stops and data.draw(
+            st.booleans(), label="natural stops"
+        )
+
+        def stop(rid: str, num_sampled: int) -> int:
+            # Now and then one of the sampled tokens is EOS or a stop token.
+            if not natural_stops or data.draw(st.integers(0, 7), label=f"stop {rid}?"):
+                return 0
+            return int(data.draw(st.integers(1, num_sampled), label=f"stop {rid} at"))
+
         for _ in range(steps):
             self.arrive_between_steps(lock, data)
             before = dict(lock.coverage)
             try:
-                lock.run_step(accept, propose)
+                lock.run_step(accept, propose, stop)
             except DivergenceFound as found:
                 self.run.divergences.append(found.divergence)
                 raise
@@ -619,6 +699,9 @@ class RefundMachine(LockstepMachine):
 
     initial_requests_low = initial_requests_high = 1
     requests_high: ClassVar[int] = 120
+    # Its arrival order is built for one synchronous refund; stops and steps in flight
+    # would break it up (the seed-1 fuzz then missed bound_after_refund for dflash).
+    draws_async_and_stops = False
 
     def prompt_strategy(self, limit: int, late: bool) -> st.SearchStrategy[int]:
         return st.integers(1, 6)
@@ -667,6 +750,16 @@ class EdgeMachine(LockstepMachine):
             lock.add(1, data.draw(st.integers(1, lock.config.max_model_len), label="max_tokens"))
 
 
+class LoneMachine(LockstepMachine):
+    # One request alone in the first steps: ``lone_config``.
+    initial_requests_low = initial_requests_high = 1
+
+    def prompt_strategy(self, limit: int, late: bool) -> st.SearchStrategy[int]:
+        # Longer than the threshold (lone_config draws it at most 8, below limit - 1).
+        assert self.lock is not None
+        return st.integers(self.lock.config.long_prefill_token_threshold + 1, limit - 1)
+
+
 ConfigStrategy = Callable[[str, str], st.SearchStrategy[EngineConfig]]
 
 
@@ -681,15 +774,21 @@ class Aim:
 
 
 AIMS: dict[str, Aim] = {
-    "mixed": Aim(mixed_config, LockstepMachine, 2),
+    "mixed": Aim(mixed_config, LockstepMachine, 0),
     "budget": Aim(budget_config, BudgetMachine, 1),
     "preempt": Aim(preempt_config, PreemptMachine, 3),
     "padded": Aim(padded_config, PaddedMachine, 1),
     "refund": Aim(refund_config, RefundMachine, 3),
     "token": Aim(token_config, TokenMachine, 1),
-    "edge": Aim(edge_config, EdgeMachine, 1),
+    "edge": Aim(edge_config, EdgeMachine, 2),
+    "lone": Aim(lone_config, LoneMachine, 1),
 }
-"""The aims, in the order of a layout's units; ``mixed`` takes the rest of a share."""
+"""The aims, in the order of a layout's units; ``mixed`` takes the rest of a share, so its
+weight only counts in the total (12: when ``lone`` came and ``edge`` went from 1 to 2,
+mixed's 2 went to them and every other aim kept its part). A weight of 1 is one example
+per method at 200 over nine methods: only Hypothesis' first, simplest example, which
+for ``edge`` never reaches the padding boundary (``lone``'s does reach its own); at 2,
+``edge`` runs three, and they kill the padding rule's five mutants (docs/mutate.md)."""
 
 
 def machine_for(run: UnitRun) -> type[LockstepMachine]:

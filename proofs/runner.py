@@ -21,6 +21,7 @@ from .manifest import Manifest
 from .model import Subject
 from .mutants import MUTANTS, mutant_named
 from .obligations import C6_QUEUE, Obligation, catalog, family_queries, subjects_of
+from .reach import Reach, reach_of
 from .solve import PRODUCT_HINT_BOUND, QUERY_TIMEOUT_MS, decide
 from .witness import WITNESS_MAX_K, WITNESS_MAX_REQUESTS, WITNESS_MAX_TOKENS, find_witness
 
@@ -180,6 +181,27 @@ def run(
             )
         )
     return outcomes
+
+
+def _reach_job(ob: Obligation) -> Reach:
+    return reach_of(ob, base_subjects())
+
+
+def run_reach(
+    obligations: Sequence[Obligation], manifest: Manifest, processes: int | None = None
+) -> list[Reach]:
+    """The reach (proofs/reach.py) of each expected failure among ``obligations``, in
+    their order; a failure of no contract item (``compiled``) has none."""
+    failing = [
+        ob
+        for ob in obligations
+        if manifest.expected(ob.name) == "fails" and ob.family != "compiled"
+    ]
+    n = processes or workers()
+    if n > 1 and len(failing) > 1:
+        with multiprocessing.get_context("fork").Pool(n) as pool:
+            return pool.map(_reach_job, failing, chunksize=1)
+    return [_reach_job(ob) for ob in failing]
 
 
 @dataclass

@@ -1,12 +1,19 @@
 """The one event driver: an engine run as the event stream its schedulers are fed.
 
 One engine step is: the arrivals and aborts due before it, ``ScheduleStep``, then the
-``ModelOutput`` of that step and the ``DraftProposals`` for the next. ``EventDriver``
-makes those events from the requests it was given and from what the reference decided;
-how many drafts a step accepts and how many the drafter proposes come from a ``Draws``
-source (a scenario's tables, ``ScenarioDraws``, or a caller's draws, such as the fuzz's),
-and the driver keeps what it drew, so that any run can be written back as a scenario with
-explicit tables (``EventDriver.scenario``) that replays it event for event.
+``ModelOutput`` of that step and the ``DraftProposals`` for the next. Under async
+scheduling (``config.async_scheduling``) the engine keeps a batch queue of depth 2
+(``EngineCore.step_with_batch_queue``): step n+1 is scheduled before step n's output is
+applied, and no drafts are passed back (the worker fills the placeholders), so the stream
+is ``ScheduleStep`` 0, ``ScheduleStep`` 1, ``ModelOutput(step=0)``, ``ScheduleStep`` 2,
+``ModelOutput(step=1)``, ... and, once the run is over, the last output.
+
+``EventDriver`` makes those events from the requests it was given and from what the
+reference decided; how many drafts a step accepts, how many the drafter proposes and
+which requests stop on EOS or a stop token come from a ``Draws`` source (a scenario's
+tables, ``ScenarioDraws``, or a caller's draws, such as the fuzz's), and the driver keeps
+what it drew, so that any run can be written back as a scenario with explicit tables
+(``EventDriver.scenario``) that replays it event for event.
 
 ``drive`` runs a driver to the end against a reference and any other consumers::
 
@@ -20,10 +27,11 @@ raises before the step's outputs are fed when the two decide differently.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.profiles import profile_named
@@ -46,12 +54,21 @@ class Draws(Protocol):
     def proposed(self, step: int, request_ids: list[str]) -> dict[str, int]: ...
 
 
+@runtime_checkable
+class StopDraws(Protocol):
+    """A ``Draws`` that also draws natural stops: for each request that sampled in a step,
+    0 (no stop) or the token (1..num_sampled) that is EOS or a stop token."""
+
+    def stopped(self, step: int, request_id: str, num_sampled: int) -> int: ...
+
+
 class ScenarioDraws:
     """A scenario's ``acceptance`` and ``drafts`` tables (docs/reference.md)."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.acceptance = scenario.acceptance
         self.drafts = scenario.drafts
+        self.stops = scenario.stops or {}
         self.k = scenario.config.num_speculative_tokens
         # One generator, reseeded per (step, request): the same draws as a fresh one.
         self._rng = random.Random()
@@ -84,6 +101,9 @@ class ScenarioDraws:
             return dict.fromkeys(request_ids, drafts.fixed)
         row = (drafts.explicit or {}).get(step, {})
         return {rid: row.get(rid, 0) for rid in request_ids}
+
+    def stopped(self, step: int, request_id: str, num_sampled: int) -> int:
+        return min(self.stops.get(step, {}).get(request_id, 0), num_sampled)
 
 
 class Consumer(Protocol):
@@ -123,17 +143,19 @@ class DrivenStep:
     before: list[Event]
     """The arrivals and aborts due before the step, then its ``ScheduleStep``."""
     output: ModelOutput
+    """This step's output (under async scheduling fed after the next ScheduleStep)."""
     proposals: DraftProposals | None
-    """None without speculative decoding (K = 0): no drafter, no proposals."""
+    """None without speculative decoding (K = 0) and under async scheduling: no drafts
+    passed back."""
     rejected_drafts: int
     """Requests of the step that verified real drafts and had some of them rejected."""
+    after: tuple[Event, ...] = ()
+    """The events fed after the step's ScheduleStep: its output and proposals, or under
+    async scheduling the previous step's output (none after step 0)."""
 
     @property
     def events(self) -> list[Event]:
-        after: list[Event] = (
-            [self.output] if self.proposals is None else [self.output, self.proposals]
-        )
-        return [*self.before, *after]
+        return [*self.before, *self.after]
 
 
 class EventDriver:
@@ -167,7 +189,12 @@ class EventDriver:
         """Request id -> the step it is aborted before."""
         self.accepted: dict[int, dict[str, int]] = {}
         self.proposed: dict[int, dict[str, int]] = {}
+        self.stops: dict[int, dict[str, int]] = {}
         """What ``draws`` answered, per step and request (zeros left out)."""
+        self.async_scheduling = config.async_scheduling
+        self.pending: ModelOutput | None = None
+        """Async scheduling: the last step's output, fed after the next ScheduleStep."""
+        self._draw_stop = draws.stopped if isinstance(draws, StopDraws) else None
         # Arrivals and aborts by step, so that a step looks up its own instead of scanning
         # every request.
         self._arrivals: dict[int, list[RequestSpec]] = {}
@@ -240,15 +267,32 @@ class EventDriver:
                 other.handle(event)
         assert record is not None  # the events end with a ScheduleStep
         step = self._after_step(record, reference.state, before)
-        after: tuple[Event, ...] = (
-            (step.output,) if step.proposals is None else (step.output, step.proposals)
-        )
+        after: tuple[Event, ...]
+        if self.async_scheduling:
+            # The batch queue: this step's output waits for the next step's schedule.
+            after = () if self.pending is None else (self.pending,)
+            self.pending = step.output
+        elif step.proposals is None:
+            after = (step.output,)
+        else:
+            after = (step.output, step.proposals)
+        step = dataclasses.replace(step, after=after)
         for event in after:
             reference.handle(event)
             for other in others:
                 other.handle(event)
         self.step = record.step + 1
         return step
+
+    def drain(self, reference: Reference, *others: Consumer) -> ModelOutput | None:
+        """Async scheduling, once the run is over: feed the output still in flight (the
+        engine applies it with nothing left to schedule). Returns it, if there was one."""
+        output, self.pending = self.pending, None
+        if output is not None:
+            reference.handle(output)
+            for other in others:
+                other.handle(output)
+        return output
 
     def scenario(self, upto_step: int | None = None) -> Scenario:
         """Every event up to and including step ``upto_step`` (all by default), as a
@@ -279,6 +323,7 @@ class EventDriver:
             Drafts(explicit={s: dict(row) for s, row in self.proposed.items() if s <= last})
             if self.k > 0
             else None,
+            {s: dict(row) for s, row in self.stops.items() if s <= last} or None,
         )
 
     def _before_step(self) -> list[Event]:
@@ -313,9 +358,7 @@ class EventDriver:
         accepted_row: dict[str, int] = {}
         rejected = 0
         for rid in record.num_scheduled_tokens:
-            request = requests[rid]
-            # request.num_tokens, inlined
-            if request.num_computed_tokens < request.prompt_len + request.num_output_tokens:
+            if requests[rid].is_prefill_chunk:
                 num_sampled[rid] = 0  # a prefill chunk short of the prompt's end
                 continue
             # Padding placeholders are verified but never accepted: only real drafts are.
@@ -332,20 +375,33 @@ class EventDriver:
             decoding.append(rid)
         if accepted_row:
             self.accepted[step] = accepted_row
+        stopped: dict[str, int] = {}
+        draw_stop = self._draw_stop
+        if draw_stop is not None:
+            for rid in decoding:
+                kept = draw_stop(step, rid, num_sampled[rid])
+                if kept > 0:
+                    stopped[rid] = min(kept, num_sampled[rid])
+            if stopped:
+                self.stops[step] = dict(stopped)
         proposals = None
-        if self.k > 0:
+        if self.k > 0 and not self.async_scheduling:
             num_drafts = self.draws.proposed(step, decoding)
             row = {rid: n for rid, n in num_drafts.items() if n}
             if row:
                 self.proposed[step] = row
             proposals = DraftProposals(num_drafts)
         self._note_stall(record, state)
-        return DrivenStep(record, before, ModelOutput(num_sampled), proposals, rejected)
+        output = ModelOutput(num_sampled, stopped, step if self.async_scheduling else None)
+        return DrivenStep(record, before, output, proposals, rejected)
 
     def _note_stall(self, record: StepRecord, state: SchedulerState) -> None:
         # A step that scheduled and preempted nothing leaves the state as it was; with no
-        # event left to come, every later step would be the same.
+        # event left to come, every later step would be the same. (Under async the
+        # output in flight is such an event while it carries any scheduled request.)
         if record.num_scheduled_tokens or record.preempted or record.step < self._last_event_step:
+            return
+        if self.pending is not None and self.pending.num_sampled:
             return
         unfinished = tuple(rid for rid, r in state.requests.items() if not r.finished)
         if unfinished:
@@ -358,6 +414,7 @@ def drive(driver: EventDriver, reference: Reference, *others: Consumer) -> Itera
     once all of its events are fed. A caller that stops pulling stops the run there."""
     while not driver.done(reference.state):
         yield driver.advance(reference, *others)
+    driver.drain(reference, *others)
 
 
 class ScenarioRun:

@@ -44,6 +44,13 @@ class ModelOutput:
     """
 
     num_sampled: dict[str, int]
+    stopped: dict[str, int] = field(default_factory=dict)
+    """Natural stops (vLLM's ``check_stop`` on EOS or a stop token): request -> how many of
+    its sampled tokens it keeps, the last being the one that stopped it (1..num_sampled).
+    The rejected-draft rollback still counts all ``num_sampled`` tokens."""
+    step: int | None = None
+    """The step this output answers (``StepRecord.step``). Under async scheduling step n+1
+    is scheduled before step n's output arrives; None means the last scheduled step."""
 
 
 @dataclass(frozen=True, slots=True)

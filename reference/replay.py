@@ -3,9 +3,11 @@ that every decision the real scheduler made is the one the reference makes.
 
 The profile comes from the trace's vLLM version (``0.32.x`` -> ``vllm-0.32``, ``0.33.x``
 -> ``vllm-0.33``) unless the caller names one. A replay that checked no step is a
-failure, never a pass. Traces recorded under async scheduling are refused: the reference
-does not model output placeholders (see docs/traces.md), and so are traces recorded with
-prefix caching on, which the reference's subset leaves out.
+failure, never a pass. A trace holding a setting the reference does not replay
+(``reference/settings.py``: prefix caching on, a user ``max_num_active_seqs``, ...) is
+refused naming it, and so is a version-1 trace recorded under async scheduling, whose
+model outputs do not say which step they answer. ``--json FILE`` writes one summary per
+trace (docs/traces.md).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import KNOWN_RELEASES, Profile, profile_named
 
 from .events import ScheduleStep, StepRecord
 from .scheduler import Scheduler
+from .settings import first_unreplayed
 from .trace import Trace, TraceError, read_trace
 from .violations import StepViolation
 
@@ -38,6 +43,12 @@ def profile_for_vllm_version(version: str) -> Profile:
 class ReplayResult:
     path: str
     profile: str
+    vllm_version: str = ""
+    async_scheduling: bool = False
+    natural_stops: int = 0
+    """Requests the trace saw stop on EOS or a stop token."""
+    prefix_hits: int = 0
+    """Prefix-cache hits replayed: 0 while the reference leaves prefix caching out."""
     steps_checked: int = 0
     divergence: tuple[int, StepRecord, StepRecord] | None = None
     """(step, recorded, reference) at the first decision that differs."""
@@ -47,22 +58,68 @@ class ReplayResult:
     def ok(self) -> bool:
         return self.divergence is None and not self.violations and self.steps_checked > 0
 
+    def to_json(self) -> dict[str, Any]:
+        """One entry of ``replay --json`` (docs/traces.md)."""
+        divergence = None
+        if self.divergence is not None:
+            step, recorded, reference = self.divergence
+            divergence = {
+                "step": step,
+                "recorded": recorded.decision(),
+                "reference": reference.decision(),
+            }
+        return {
+            "path": self.path,
+            "vllm_version": self.vllm_version,
+            "profile": self.profile,
+            "async_scheduling": self.async_scheduling,
+            "steps_checked": self.steps_checked,
+            "natural_stops": self.natural_stops,
+            "prefix_hits": self.prefix_hits,
+            "divergence": divergence,
+            "violations": [
+                {"contract": v.contract, "step": v.step, "message": v.message}
+                for v in self.violations
+            ],
+        }
+
+
+def check_replayable(trace: Trace, profile: Profile) -> None:
+    """Raise TraceError, naming the setting, for a trace the reference cannot replay."""
+    header = trace.header
+    if header.async_scheduling and header.version < 2:
+        raise TraceError(
+            f"trace {trace.path!r}: a version-1 trace recorded under async scheduling; its"
+            " model outputs do not name the step they answer, so it cannot be replayed"
+            " (record it again: the recorder writes version 2)"
+        )
+    unreplayed = [(first_unreplayed(header.settings, header.config, profile), "")]
+    unreplayed += [
+        (first_unreplayed(settings, header.config, profile), f" (request {rid!r})")
+        for rid, settings in trace.request_settings.items()
+    ]
+    for found, where in unreplayed:
+        if found is not None:
+            setting, value = found
+            raise TraceError(
+                f"trace {trace.path!r} was recorded with {setting.name} ="
+                f" {json.dumps(value)}{where}, which the reference does not model (it"
+                f" replays {setting.name} = {json.dumps(setting.assumed)}"
+                f"{' ' + setting.also if setting.also else ''} only)"
+            )
+
 
 def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
-    if trace.header.async_scheduling:
-        raise TraceError(
-            f"trace {trace.path!r} was recorded under async scheduling; the reference does"
-            " not model output placeholders, so it cannot replay it (record with"
-            " async_scheduling off)"
-        )
-    if trace.header.enable_prefix_caching:
-        raise TraceError(
-            f"trace {trace.path!r} was recorded with prefix caching on, which the reference"
-            " does not model (record with enable_prefix_caching off)"
-        )
     chosen = profile or profile_for_vllm_version(trace.header.vllm_version)
+    check_replayable(trace, chosen)
     scheduler = Scheduler(trace.header.config, chosen, check="collect")
-    result = ReplayResult(trace.path, chosen.name)
+    result = ReplayResult(
+        trace.path,
+        chosen.name,
+        vllm_version=trace.header.vllm_version,
+        async_scheduling=trace.header.async_scheduling,
+        natural_stops=trace.natural_stops,
+    )
     for entry in trace.entries:
         if not isinstance(entry, StepRecord):
             scheduler.handle(entry)
@@ -80,8 +137,10 @@ def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
 def replay(args: argparse.Namespace) -> int:
     profile = profile_named(args.profile) if args.profile else None
     failed = False
+    results: list[ReplayResult] = []
     for path in args.traces:
         result = replay_trace(read_trace(path), profile)
+        results.append(result)
         if result.divergence is not None:
             step, recorded, reference = result.divergence
             print(f"{path}: DIVERGES at step {step} (profile {result.profile})")
@@ -104,4 +163,7 @@ def replay(args: argparse.Namespace) -> int:
                 f" (profile {result.profile})"
             )
     sys.stdout.flush()
+    if getattr(args, "json", None):
+        document = {"traces": [result.to_json() for result in results]}
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
     return 1 if failed else 0

@@ -94,6 +94,9 @@ class Scenario:
     requests: tuple[RequestSpec, ...]
     acceptance: Acceptance = field(default_factory=Acceptance)
     drafts: Drafts | None = None
+    stops: Mapping[int, Mapping[str, int]] | None = None
+    """Natural stops (EOS or a stop token): ``{step: {id: n}}``, the request stops at the
+    n-th token it samples in that step (``ModelOutput.stopped``); absent, none stops."""
 
     def with_profile(self, name: str) -> Scenario:
         """The same scenario under another profile, validated for it."""
@@ -139,6 +142,7 @@ def parse_scenario(obj: object) -> Scenario:
         requests,
         _acceptance(top.get("acceptance", {"fixed": 0}), ids),
         _drafts(top["drafts"], ids, k) if "drafts" in top else None,
+        _stops(top["stops"], ids) if "stops" in top else None,
     )
     return validate(scenario)
 
@@ -247,6 +251,7 @@ def _config(value: object) -> EngineConfig:
         if cap is None
         else _int(cap, "config.max_num_scheduled_tokens"),
         speculative_config=_speculative(obj.get("speculative_config")),
+        async_scheduling=_bool(obj.get("async_scheduling", False), "config.async_scheduling"),
     )
 
 
@@ -367,6 +372,15 @@ def _drafts(value: object, ids: set[str], k: int) -> Drafts:
     return Drafts(explicit=_per_step(obj["explicit"], "drafts.explicit", ids, k))
 
 
+def _stops(value: object, ids: set[str]) -> dict[int, dict[str, int]]:
+    table = _per_step(value, "stops", ids, None)
+    for step, row in table.items():
+        for rid, n in row.items():
+            if n < 1:
+                raise ScenarioError(f"stops.{step}.{rid}", f"must be >= 1, got {n}")
+    return table
+
+
 # -- writing ---------------------------------------------------------------------------
 def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
     """The JSON object ``parse_scenario`` reads back into an equal scenario."""
@@ -380,6 +394,7 @@ def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
         ],
         acceptance_json(a.fixed, a.per_position, a.seed, a.explicit),
         None if d is None else drafts_json(d.fixed, d.explicit),
+        scenario.stops,
     )
 
 

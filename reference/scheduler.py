@@ -1,12 +1,13 @@
 """The reference scheduler: vLLM v1's ``Scheduler`` for a declared subset, every budget
 decision delegated to a ``spec`` policy.
 
-The subset: synchronous scheduling, text-only requests, no LoRA, encoder, KV connector,
-structured output or pipeline parallelism, prefix caching off, one full-attention KV
-group, no multi-module MTP (its prefill lookahead is then a no-op). Within it, one
-``handle(event)`` call is one of vLLM's ``add_request``, ``schedule`` (with
-``_update_after_schedule``), ``update_from_output``, ``update_draft_token_ids`` or
-``finish_requests``.
+The subset: text-only requests, no LoRA, encoder, KV connector, structured output or
+pipeline parallelism, prefix caching off, one full-attention KV group, no multi-module
+MTP (its prefill lookahead is then a no-op). Within it, one ``handle(event)`` call is
+one of vLLM's ``add_request``, ``schedule`` (with ``_update_after_schedule``),
+``update_from_output``, ``update_draft_token_ids`` or ``finish_requests``; with
+``config.async_scheduling`` the scheduler is vLLM's ``AsyncScheduler`` (output
+placeholders, steps in flight: see ``_update_after_schedule`` and ``_update_from_output``).
 
 Where vLLM 0.32 and 0.33 differ inside the subset, the branch follows the profile's
 ``vllm_version`` (profiles that no release ships take 0.33's).
@@ -39,16 +40,24 @@ from .state import (
     FINISHED,
     FINISHED_ABORTED,
     FINISHED_LENGTH,
+    FINISHED_STOPPED,
     PREEMPTED,
     RUNNING,
     RequestState,
     SchedulerState,
+    StepInFlight,
 )
 from .violations import CHECK_MODES, CheckMode, ContractViolation, StepViolation
 
 # vLLM's ``num_sampled_tokens_per_step`` for a generative model: each scheduled step that
 # reaches the end of the prompt samples one token past the verified drafts.
 NUM_SAMPLED_PER_STEP = 1
+
+OBSERVED = ("async_in_flight", "stale_output", "in_flight_max_tokens_skip", "natural_stop")
+"""What the scheduler counts as it goes (``Scheduler.observed``), for the fuzz's coverage:
+a step scheduled while an earlier one's output is outstanding, an output arriving for a
+request preempted after its step was scheduled, a running request skipped because its
+in-flight output already reaches max_tokens, a request finished by EOS or a stop token."""
 
 
 class InvalidEvent(BadInput):
@@ -101,11 +110,15 @@ class Scheduler:
         # The book's transitions (and the policy's rules under them) on this config,
         # compiled from the formulas the proofs check: see spec/kernel.py.
         self.kernel = compile_kernel(self.policy, self.params)
+        # Asked once per scheduled request: looked up once.
+        self._kernel_take = self.kernel.take
         # The spec's charge and C(q) per q, for the contract check of every step.
         self._per_q: dict[int, tuple[int, int, int]] = {}
         self.check: CheckMode = check
         self.scenario = scenario
         self.semantics = profile.vllm_version or "0.33"
+        self.async_scheduling = config.async_scheduling
+        self.observed: dict[str, int] = dict.fromkeys(OBSERVED, 0)
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
@@ -184,15 +197,18 @@ class Scheduler:
         if not step.preempted:
             self._schedule_waiting(step, threshold)
 
-        # Scheduler._update_after_schedule
         requests = state.requests
         scheduled = step.scheduled
-        for rid, q in scheduled.items():
-            request = requests[rid]
-            computed = request.num_computed_tokens + q
-            request.num_computed_tokens = computed
-            # request.num_tokens, inlined
-            request.is_prefill_chunk = computed < request.prompt_len + request.num_output_tokens
+        if self.async_scheduling:
+            self._update_after_schedule_async(step)
+        else:
+            # Scheduler._update_after_schedule
+            for rid, q in scheduled.items():
+                request = requests[rid]
+                computed = request.num_computed_tokens + q
+                request.num_computed_tokens = computed
+                # request.num_tokens, inlined
+                request.is_prefill_chunk = computed < request.prompt_len + request.num_output_tokens
         totals = step_totals(policy, p, scheduled, self._per_q)
 
         finished = state.finished_since_step
@@ -202,6 +218,12 @@ class Scheduler:
         state.last_scheduled = scheduled
         state.last_spec = step.spec
         state.last_padded = step.padded
+        if self.async_scheduling:
+            self.observed["async_in_flight"] += bool(state.in_flight)
+            state.in_flight[step_index] = StepInFlight(scheduled, step.spec)
+        else:
+            # One step at a time: an output answers the step just scheduled.
+            state.in_flight = {step_index: StepInFlight(scheduled, step.spec)}
         record = StepRecord(
             step=step_index,
             num_scheduled_tokens=dict(scheduled),
@@ -214,6 +236,26 @@ class Scheduler:
         )
         self._check_contract(step_index, step, record, totals)
         return record
+
+    def _update_after_schedule_async(self, step: _Step) -> None:
+        """``AsyncScheduler._update_after_schedule``: the base update, with the step's
+        tokens in flight; then each request that samples in the step holds output
+        placeholders for its sampled token and its spec tokens, and K placeholder drafts
+        for the next step (the engine never calls ``update_draft_token_ids`` under async:
+        the worker fills them in)."""
+        requests, k = self.state.requests, self.num_spec_tokens
+        spec = step.spec
+        for rid, q in step.scheduled.items():
+            request = requests[rid]
+            computed = request.num_computed_tokens + q
+            request.num_computed_tokens = computed
+            request.num_in_flight_tokens += q
+            request.is_prefill_chunk = computed < (
+                request.prompt_len + request.num_output_tokens + request.num_output_placeholders
+            )
+            if not request.is_prefill_chunk:
+                request.num_output_placeholders += NUM_SAMPLED_PER_STEP + spec.get(rid, 0)
+                request.num_drafts = k
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """The RUNNING loop of ``Scheduler.schedule``.
@@ -232,8 +274,19 @@ class Scheduler:
             request = requests[rid]
             computed = request.num_computed_tokens
             num_tokens = request.prompt_len + request.num_output_tokens
+            placeholders = request.num_output_placeholders
+            if (
+                placeholders
+                and computed + 2 - placeholders >= request.prompt_len + request.max_tokens
+            ):
+                # Async scheduling: the output in flight reaches max_tokens even if every
+                # draft in it is rejected; no further step is needed.
+                self.observed["in_flight_max_tokens_skip"] += 1
+                index += 1
+                continue
             drafts = request.num_drafts
-            need = num_tokens + drafts - computed  # request.num_tokens_with_spec - computed
+            # request.num_tokens_with_spec + num_output_placeholders - computed
+            need = num_tokens + drafts + placeholders - computed
             if 0 < threshold < need:
                 need = threshold
             q = grant(step.token_budget, step.input_budget, need)
@@ -265,7 +318,7 @@ class Scheduler:
             if drafts:
                 # Drafts past the verified tokens are what this step verifies; the rest are
                 # dropped (vLLM clears spec_token_ids once the request is scheduled).
-                num_spec = q + computed - num_tokens
+                num_spec = q + computed - num_tokens - placeholders
                 if num_spec > 0:
                     step.spec[rid] = drafts if drafts < num_spec else num_spec
                 request.num_drafts = 0
@@ -321,6 +374,11 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_drafts = 0
         request.num_preemptions += 1
+        if self.async_scheduling:
+            # The output of steps in flight still comes; it is stale, and is drained as
+            # it arrives (``_update_from_output``). No connector asks for it dropped.
+            request.num_stale_output_tokens = request.num_in_flight_tokens
+            request.num_output_placeholders = 0
         self.state.waiting.insert(0, request.request_id)
 
     def _schedule_waiting(self, step: _Step, threshold: int) -> None:
@@ -334,6 +392,11 @@ class Scheduler:
             if len(state.running) >= kernel.max_active_requests:
                 break
             request = state.requests[self._peek_waiting()]
+            if request.num_stale_output_tokens:
+                # Resuming now could resample a position its stale output will still
+                # deliver: skip it until that output has come.
+                skipped.append(self._pop_waiting(request.request_id))
+                continue
             room = kernel.room(step.token_budget, step.input_budget)
             need = request.num_tokens - request.num_computed_tokens
             padded = False
@@ -404,7 +467,7 @@ class Scheduler:
     def _take(self, step: _Step, request_id: str, q: int) -> bool:
         """Schedule ``q >= 1`` tokens of ``request_id``: the policy's charge, and the
         book's entry of it. Returns whether the step's budgets are then exhausted."""
-        step.token_budget, step.input_budget, exhausted = self.kernel.take(
+        step.token_budget, step.input_budget, exhausted = self._kernel_take(
             step.token_budget, step.input_budget, q
         )
         step.scheduled[request_id] = q
@@ -412,17 +475,43 @@ class Scheduler:
 
     # -- after the forward -----------------------------------------------------------
     def _update_from_output(self, event: ModelOutput) -> None:
-        """``Scheduler.update_from_output``: roll back rejected drafts, append the sampled
-        tokens one by one, stop at max_tokens or max_model_len."""
-        state = self.state
-        last_scheduled, last_spec, requests = state.last_scheduled, state.last_spec, state.requests
-        max_model_len = self.config.max_model_len
+        """``Scheduler.update_from_output`` for the step ``event`` answers: roll back
+        rejected drafts, append the sampled tokens one by one, stop on a stop token, at
+        max_tokens or at max_model_len. Under async scheduling the step's tokens leave
+        flight first, and the output of a request preempted since is stale: delivered,
+        but rolling nothing back."""
+        state, requests = self.state, self.state.requests
+        last = state.num_steps - 1
+        step = last if event.step is None else event.step
+        # One output per step: a second one for the same step finds nothing in flight.
+        answered = state.in_flight.pop(step, None)
+        scheduled, spec = (answered.scheduled, answered.spec) if answered else ({}, {})
         sampled = event.num_sampled
-        if not sampled.keys() <= last_scheduled.keys():
-            stray = next(rid for rid in sampled if rid not in last_scheduled)
-            raise InvalidEvent(f"model output for {stray!r}, not scheduled in the last step")
+        if not sampled.keys() <= scheduled.keys():
+            stray = next(rid for rid in sampled if rid not in scheduled)
+            which = "the last step" if event.step is None else f"step {step}"
+            raise InvalidEvent(f"model output for {stray!r}, not scheduled in {which}")
+        stopped = event.stopped
+        for rid, kept in stopped.items() if stopped else ():
+            if not 1 <= kept <= sampled.get(rid, 0):
+                raise InvalidEvent(
+                    f"request {rid!r} stopped at token {kept} of {sampled.get(rid, 0)} sampled"
+                )
+        stale: set[str] = set()
+        async_scheduling, semantics = self.async_scheduling, self.semantics
+        if async_scheduling:
+            for rid, q in scheduled.items():
+                request = requests[rid]
+                request.num_in_flight_tokens -= q
+                # Drain the stale share (see _preempt) in step with the steps it covers.
+                if request.num_stale_output_tokens > 0:
+                    request.num_stale_output_tokens -= q
+                    if request.status not in FINISHED:
+                        stale.add(rid)
+                        self.observed["stale_output"] += 1
+        max_model_len = self.config.max_model_len
         for rid, num_sampled in sampled.items():
-            num_spec = last_spec.get(rid, 0)
+            num_spec = spec.get(rid, 0)
             if not 0 <= num_sampled <= 1 + num_spec:
                 raise InvalidEvent(
                     f"request {rid!r} sampled {num_sampled} tokens; at most 1 + {num_spec}"
@@ -430,14 +519,17 @@ class Scheduler:
             request = requests[rid]
             if request.status in FINISHED or not num_sampled:
                 continue
-            if num_spec:
-                computed = request.num_computed_tokens
-                if computed > 0:
-                    rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
-                    request.num_computed_tokens = computed - rejected
+            is_stale = bool(stale) and rid in stale
+            if num_spec and not is_stale:
+                # A stale rejection count predates the preemption's reset: not applied.
+                rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
+                if request.num_computed_tokens > 0:
+                    request.num_computed_tokens -= rejected
+                if request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= rejected
             # The tokens are appended one by one, each followed by
-            # vllm.v1.core.sched.utils.check_stop (no EOS or stop strings in the subset):
-            # stop after the first i >= 1 appended tokens with
+            # vllm.v1.core.sched.utils.check_stop: a stop token first, then the length
+            # rule, stop after the first i >= 1 appended tokens with
             # prompt_len + output + i >= max_model_len or output + i >= max_tokens.
             output = request.num_output_tokens
             stop_after = max_model_len - request.prompt_len - output
@@ -446,13 +538,30 @@ class Scheduler:
                 stop_after = to_max_tokens
             if stop_after < 1:
                 stop_after = 1
-            if stop_after <= num_sampled:
-                request.num_output_tokens = output + stop_after
-                self._finish(rid, FINISHED_LENGTH)
-            else:
-                request.num_output_tokens = output + num_sampled
-        # One output per step: a second one for the same step is refused above.
-        state.last_scheduled, state.last_spec, state.last_padded = {}, {}, []
+            natural = stopped.get(rid, 0) if stopped else 0
+            status = None
+            appended = num_sampled
+            if natural and natural <= stop_after:
+                appended, status = natural, FINISHED_STOPPED
+                self.observed["natural_stop"] += 1
+            elif stop_after <= num_sampled:
+                appended, status = stop_after, FINISHED_LENGTH
+            request.num_output_tokens = output + appended
+            if async_scheduling and not is_stale:
+                # AsyncScheduler._update_request_with_output: the placeholders these
+                # tokens stood for are resolved; vLLM 0.32 counts the tokens kept after
+                # trimming at a stop, 0.33 every token returned.
+                resolved = appended if semantics == "0.32" else num_sampled
+                if semantics == "0.32" or request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= resolved
+                if request.num_output_placeholders < 0:
+                    raise UnmirroredVllmCrash(
+                        f"request {rid!r}: vLLM asserts num_output_placeholders >= 0"
+                    )
+            if status is not None:
+                self._finish(rid, status)
+        if step == last:
+            state.last_scheduled, state.last_spec, state.last_padded = {}, {}, []
 
     def _update_draft_token_ids(self, event: DraftProposals) -> None:
         """``Scheduler.update_draft_token_ids``: a request mid-prefill drops its drafts."""

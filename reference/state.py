@@ -15,9 +15,10 @@ from typing import Any
 WAITING = "waiting"
 RUNNING = "running"
 PREEMPTED = "preempted"
+FINISHED_STOPPED = "finished_stopped"
 FINISHED_LENGTH = "finished_length_capped"
 FINISHED_ABORTED = "finished_aborted"
-FINISHED = (FINISHED_LENGTH, FINISHED_ABORTED)
+FINISHED = (FINISHED_STOPPED, FINISHED_LENGTH, FINISHED_ABORTED)
 
 
 @dataclass(slots=True)
@@ -40,6 +41,15 @@ class RequestState:
     is_prefill_chunk: bool = False
     """Set when the request was last scheduled: its prompt was not done after that chunk."""
     num_preemptions: int = 0
+    num_output_placeholders: int = 0
+    """Async scheduling: tokens of steps in flight that ``num_computed_tokens`` already
+    counts but whose sampled tokens have not been appended (1 + the spec tokens of each
+    such step that samples)."""
+    num_in_flight_tokens: int = 0
+    """Tokens scheduled in steps whose output has not come yet."""
+    num_stale_output_tokens: int = 0
+    """In-flight tokens at the last preemption: output still to come for steps scheduled
+    before it, delivered but never rolling back the reset counters."""
 
     @property
     def num_tokens(self) -> int:
@@ -52,6 +62,15 @@ class RequestState:
     @property
     def finished(self) -> bool:
         return self.status in FINISHED
+
+
+@dataclass(slots=True)
+class StepInFlight:
+    """A scheduled step whose ``ModelOutput`` has not come yet: what it scheduled."""
+
+    scheduled: dict[str, int]
+    spec: dict[str, int]
+    """Draft tokens scheduled for verification, placeholders included."""
 
 
 @dataclass(slots=True)
@@ -72,6 +91,9 @@ class SchedulerState:
     """Draft tokens scheduled for verification in the last step, placeholders included."""
     last_padded: list[str] = field(default_factory=list)
     """Requests whose last-step spec tokens were padding placeholders, not real drafts."""
+    in_flight: dict[int, StepInFlight] = field(default_factory=dict)
+    """Steps scheduled and not yet answered, by step index (under synchronous scheduling
+    only the last one, until its output comes)."""
     num_arrivals: int = 0
 
     def copy(self) -> SchedulerState:

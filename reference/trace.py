@@ -1,33 +1,41 @@
-"""The trace format ``dualbudget-trace``, version 1: NDJSON, one object per line.
+"""The trace format ``dualbudget-trace``, version 2 (version 1 is still read): NDJSON, one
+object per line.
 
 Line 1, the header::
 
-    {"format": "dualbudget-trace", "version": 1, "vllm_version": "0.32.0",
+    {"format": "dualbudget-trace", "version": 2, "vllm_version": "0.32.0",
      "source": "engine" | "scheduler" | "synthetic", "scheduler_class": "...",
-     "async_scheduling": false, "enable_prefix_caching": false,
-     "config": {... vLLM's names, as in a scenario ...}, "notes": {...}}
+     "config": {... vLLM's names, as in a scenario, async_scheduling included ...},
+     "settings": {... every engine-scope setting of reference/settings.py ...},
+     "notes": {...}}
 
 then, in the order they happened, the events that came from outside the scheduler and the
 decisions it made::
 
-    {"event": "add_request", "request_id", "prompt_len", "max_tokens", "priority", "arrival_time"}
+    {"event": "add_request", "request_id", "prompt_len", "max_tokens", "priority",
+     "arrival_time", "settings"?}         (request-scope settings, only when set)
     {"event": "abort", "request_id"}
     {"event": "step", "step", "num_scheduled_tokens", "scheduled_spec_tokens", "preempted",
      "finished", ...}                      (a step record, docs/design.md §4.2)
-    {"event": "model_output", "num_sampled": {id: n}}
+    {"event": "model_output", "step", "num_sampled": {id: n}, "stopped": {id: n}}
     {"event": "draft_proposals", "num_drafts": {id: n}}
 
 and last ``{"event": "end", "steps": N}``: a trace without it was cut short. Only
 budget-relevant fields are kept: no token ids, no prompts. A file named ``*.gz`` is read
 through gzip (a burst of thousands of arrivals compresses well).
+
+Version 1 differs in three places: the header holds ``async_scheduling`` and
+``enable_prefix_caching`` as top-level flags and no ``settings`` (a version-1 trace is read
+with every other setting at the value the reference assumes), a model output names neither
+its step nor natural stops, and ``add_request`` carries no settings.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,9 +52,19 @@ from .scenario import (
     parse_config,
     validate,
 )
+from .settings import (
+    ENGINE_SETTINGS,
+    REQUEST_SETTINGS,
+    Json,
+    assumed_request_settings,
+    assumed_settings,
+)
 
 FORMAT = "dualbudget-trace"
-VERSION = 1
+VERSION = 2
+"""The version written."""
+READS = (1, 2)
+"""The versions read."""
 SOURCES = ("engine", "scheduler", "synthetic")
 
 Entry = Event | StepRecord
@@ -61,11 +79,22 @@ class TraceHeader:
     vllm_version: str
     source: str
     config: EngineConfig
+    """The engine config; ``config.async_scheduling`` says whether scheduling was async."""
     scheduler_class: str = "vllm.v1.core.sched.scheduler.Scheduler"
-    async_scheduling: bool = False
-    enable_prefix_caching: bool = False
+    settings: dict[str, Json] = field(default_factory=assumed_settings)
+    """Every engine-scope setting of ``reference/settings.py`` ``SETTINGS``, as recorded."""
     notes: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about the recording (e.g. a method substituted on CPU)."""
+    version: int = VERSION
+    """The format version the trace was read from (written: always ``VERSION``)."""
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.config.async_scheduling
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return bool(self.settings.get("enable_prefix_caching"))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,9 +103,8 @@ class TraceHeader:
             "vllm_version": self.vllm_version,
             "source": self.source,
             "scheduler_class": self.scheduler_class,
-            "async_scheduling": self.async_scheduling,
-            "enable_prefix_caching": self.enable_prefix_caching,
             "config": config_to_json(self.config),
+            "settings": dict(self.settings),
             "notes": dict(self.notes),
         }
 
@@ -86,10 +114,17 @@ class Trace:
     path: str
     header: TraceHeader
     entries: tuple[Entry, ...]
+    request_settings: dict[str, dict[str, Json]] = field(default_factory=dict)
+    """Request-scope settings by request id, for the requests that set one."""
 
     @property
     def steps(self) -> int:
         return sum(isinstance(entry, StepRecord) for entry in self.entries)
+
+    @property
+    def natural_stops(self) -> int:
+        """How many requests the trace saw stop on EOS or a stop token."""
+        return sum(len(e.stopped) for e in self.entries if isinstance(e, ModelOutput))
 
 
 def entry_to_json(entry: Entry) -> dict[str, Any]:
@@ -107,7 +142,12 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
     if isinstance(entry, Abort):
         return {"event": "abort", "request_id": entry.request_id}
     if isinstance(entry, ModelOutput):
-        return {"event": "model_output", "num_sampled": dict(entry.num_sampled)}
+        return {
+            "event": "model_output",
+            "step": entry.step,
+            "num_sampled": dict(entry.num_sampled),
+            "stopped": dict(entry.stopped),
+        }
     if isinstance(entry, DraftProposals):
         return {"event": "draft_proposals", "num_drafts": dict(entry.num_drafts)}
     raise TypeError(f"not a trace entry: {entry!r}")
@@ -125,12 +165,32 @@ class TraceWriter:
     def __init__(self, path: str | Path, header: TraceHeader) -> None:
         self._stream: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed in close())
         self._steps = 0
+        self._last_step: int | None = None
         self._append(header.to_json())
 
-    def write(self, entry: Entry) -> None:
+    def write(self, entry: Entry, settings: Mapping[str, Json] | None = None) -> None:
+        """Append ``entry``; ``settings`` are an ``AddRequest``'s request-scope settings
+        (written only when one differs from what the reference assumes)."""
+        obj = entry_to_json(entry)
         if isinstance(entry, StepRecord):
             self._steps += 1
-        self._append(entry_to_json(entry))
+            self._last_step = entry.step
+        elif isinstance(entry, ModelOutput) and entry.step is None:
+            # None is "the step just scheduled" (events.py): name it, as version 2 must.
+            if self._last_step is None:
+                raise ValueError("a model output before any step")
+            obj["step"] = self._last_step
+        if settings:
+            if not isinstance(entry, AddRequest):
+                raise TypeError("only an add_request carries settings")
+            defaults = assumed_request_settings()
+            unknown = set(settings) - set(defaults)
+            if unknown:
+                raise ValueError(f"not request-scope settings: {sorted(unknown)}")
+            changed = {k: v for k, v in settings.items() if v != defaults[k]}
+            if changed:
+                obj["settings"] = changed
+        self._append(obj)
 
     def close(self) -> None:
         """Close the file (its end line is already written); a second call does nothing."""
@@ -169,10 +229,11 @@ def read_trace(path: str | Path) -> Trace:
     objects = _json_lines(name, lines)
     header = _header(name, next(objects, None))
     entries: list[Entry] = []
+    request_settings: dict[str, dict[str, Json]] = {}
+    steps = 0
     for lineno, obj in objects:
         kind = obj.get("event")
         if kind == "end":
-            steps = sum(isinstance(entry, StepRecord) for entry in entries)
             if obj.get("steps") != steps:
                 raise TraceError(
                     f"trace {name!r} line {lineno}: end says {obj.get('steps')!r} steps,"
@@ -180,8 +241,16 @@ def read_trace(path: str | Path) -> Trace:
                 )
             if next(objects, None) is not None:
                 raise TraceError(f"trace {name!r}: lines after the end line")
-            return Trace(name, header, tuple(entries))
-        entries.append(_entry(name, lineno, obj))
+            return Trace(name, header, tuple(entries), request_settings)
+        entry = _entry(name, lineno, obj, header.version, steps)
+        steps += isinstance(entry, StepRecord)
+        if isinstance(entry, AddRequest) and "settings" in obj:
+            if header.version < 2:
+                raise TraceError(f"trace {name!r} line {lineno}: settings need version 2")
+            request_settings[entry.request_id] = _settings(
+                name, f"line {lineno}: settings", obj["settings"], REQUEST_SETTINGS, False
+            )
+        entries.append(entry)
     raise TraceError(f"trace {name!r}: truncated: no end line after {len(lines)} lines")
 
 
@@ -204,31 +273,59 @@ def _header(name: str, first: tuple[int, dict[str, Any]] | None) -> TraceHeader:
     _, obj = first
     if obj.get("format") != FORMAT:
         raise TraceError(f"trace {name!r}: not a {FORMAT} file (format {obj.get('format')!r})")
-    if obj.get("version") != VERSION:
+    version = obj.get("version")
+    if version not in READS or isinstance(version, bool):
         raise TraceError(
-            f"trace {name!r}: {FORMAT} version {obj.get('version')!r}, this reads version"
-            f" {VERSION} only"
+            f"trace {name!r}: {FORMAT} version {version!r}, this reads versions"
+            f" {' and '.join(map(str, READS))} only"
         )
     source = obj.get("source")
     if source not in SOURCES:
         raise TraceError(f"trace {name!r}: source {source!r} is not one of {SOURCES}")
-    version = obj.get("vllm_version")
-    if not isinstance(version, str):
+    vllm_version = obj.get("vllm_version")
+    if not isinstance(vllm_version, str):
         raise TraceError(f"trace {name!r}: header.vllm_version must be a string")
     try:
         config = parse_config(obj.get("config"))
     except ScenarioError as err:
         raise TraceError(f"trace {name!r}: header.{err}") from None
+    if version == 1:
+        # Version 1 kept these two as top-level flags and recorded no other setting.
+        settings = assumed_settings()
+        settings["enable_prefix_caching"] = _flag(name, obj, "enable_prefix_caching")
+        config = replace(config, async_scheduling=_flag(name, obj, "async_scheduling"))
+    else:
+        if "async_scheduling" in obj or "enable_prefix_caching" in obj:
+            raise TraceError(
+                f"trace {name!r}: version 2 keeps async_scheduling in header.config and"
+                " enable_prefix_caching in header.settings"
+            )
+        settings = _settings(name, "header.settings", obj.get("settings"), ENGINE_SETTINGS, True)
     notes = obj.get("notes", {})
     return TraceHeader(
-        vllm_version=version,
+        vllm_version=vllm_version,
         source=source,
         config=config,
         scheduler_class=str(obj.get("scheduler_class", "")),
-        async_scheduling=_flag(name, obj, "async_scheduling"),
-        enable_prefix_caching=_flag(name, obj, "enable_prefix_caching"),
+        settings=settings,
         notes=notes if isinstance(notes, dict) else {},
+        version=version,
     )
+
+
+def _settings(
+    name: str, where: str, value: object, names: tuple[str, ...], every: bool
+) -> dict[str, Json]:
+    """A ``settings`` object: known names only, and every one of them when ``every``."""
+    if not isinstance(value, dict):
+        raise TraceError(f"trace {name!r}: {where} must be an object, got {value!r}")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise TraceError(f"trace {name!r}: {where}: unknown setting {unknown[0]!r}")
+    missing = [key for key in names if key not in value] if every else []
+    if missing:
+        raise TraceError(f"trace {name!r}: {where}: missing setting {missing[0]!r}")
+    return dict(value)
 
 
 def _flag(name: str, header: dict[str, Any], key: str) -> bool:
@@ -246,7 +343,29 @@ def _counts(name: str, lineno: int, value: object, key: str) -> dict[str, int]:
     return {str(k): int(v) for k, v in value.items()}
 
 
-def _entry(name: str, lineno: int, obj: dict[str, Any]) -> Entry:
+def _model_output(
+    name: str, lineno: int, obj: dict[str, Any], version: int, steps: int
+) -> ModelOutput:
+    sampled = _counts(name, lineno, obj["num_sampled"], "num_sampled")
+    if version < 2:
+        return ModelOutput(sampled)
+    step = obj["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < steps:
+        raise TraceError(
+            f"trace {name!r} line {lineno}: model_output.step must name a step already"
+            f" recorded (0..{steps - 1}), got {step!r}"
+        )
+    stopped = _counts(name, lineno, obj["stopped"], "stopped")
+    for rid, kept in stopped.items():
+        if not 1 <= kept <= sampled.get(rid, 0):
+            raise TraceError(
+                f"trace {name!r} line {lineno}: stopped[{rid!r}] must be in"
+                f" 1..num_sampled ({sampled.get(rid, 0)}), got {kept}"
+            )
+    return ModelOutput(sampled, stopped, step)
+
+
+def _entry(name: str, lineno: int, obj: dict[str, Any], version: int, steps: int) -> Entry:
     kind = obj.get("event")
     try:
         if kind == "add_request":
@@ -260,7 +379,7 @@ def _entry(name: str, lineno: int, obj: dict[str, Any]) -> Entry:
         if kind == "abort":
             return Abort(str(obj["request_id"]))
         if kind == "model_output":
-            return ModelOutput(_counts(name, lineno, obj["num_sampled"], "num_sampled"))
+            return _model_output(name, lineno, obj, version, steps)
         if kind == "draft_proposals":
             return DraftProposals(_counts(name, lineno, obj["num_drafts"], "num_drafts"))
         if kind == "step":
@@ -301,12 +420,15 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     reached: list[int] = []
     accepted: list[int] = []
     steps = 0
-    spec: dict[str, int] = {}
+    # The drafts each step verified, by step: under async an output answers an earlier step.
+    spec_of: dict[int, dict[str, int]] = {}
+    last = -1
     proposed_none: set[str] = set()
     for entry in trace.entries:
         if isinstance(entry, StepRecord):
             steps += 1
-            spec = entry.scheduled_spec_tokens
+            last = entry.step
+            spec_of[last] = entry.scheduled_spec_tokens
         elif isinstance(entry, AddRequest):
             arrivals[entry.request_id] = (entry, steps)
         elif isinstance(entry, Abort):
@@ -314,6 +436,7 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
         elif isinstance(entry, DraftProposals):
             proposed_none = {rid for rid, n in entry.num_drafts.items() if n == 0}
         elif isinstance(entry, ModelOutput):
+            spec = spec_of.get(last if entry.step is None else entry.step, {})
             for rid, sampled in entry.num_sampled.items():
                 drafts = spec.get(rid, 0)
                 if sampled <= 0 or (drafts <= 0 and rid not in proposed_none):

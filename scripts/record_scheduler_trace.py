@@ -7,14 +7,26 @@ The preset's arrivals, per-position acceptance and draft proposals drive vLLM's 
 ``Scheduler`` (of the recording class) on CPU; the trace header names the vLLM version and
 how the method was built (DSpark only builds under model runner V2 on CPU). A name ending
 in ``.gz`` is written gzip-compressed.
+
+``--async-scheduling`` drives vLLM's ``AsyncScheduler`` instead, as the engine does (step
+n+1 scheduled before step n's output is applied): the CPU engine forces async scheduling
+off, so async traces come from here. ``--stop-rate P`` makes each request that samples in
+a step stop there (EOS or a stop token) with probability ``P``, at a token drawn from the
+ones it sampled; ``--num-gpu-blocks N`` shrinks the KV pool so that requests preempt::
+
+    .venv-vllm-0.32/bin/python scripts/record_scheduler_trace.py chat-poisson \
+        tests/data/traces/scheduler-async-0.32-chat-poisson.ndjson.gz --max-steps 300 \
+        --async-scheduling --stop-rate 0.03 --num-gpu-blocks 130
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import logging
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -25,7 +37,10 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 
 def main() -> int:
+    from dualbudget.integration.live import installed_vllm_version
     from dualbudget.integration.scheduler_trace import write_scheduler_trace
+    from dualbudget.reference.replay import profile_for_vllm_version
+    from dualbudget.reference.scenario import validate
     from dualbudget.reference.workload import preset
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,6 +48,9 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--stop-rate", type=float, default=0.0)
+    parser.add_argument("--num-gpu-blocks", type=int)
     args = parser.parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     workload = preset(args.workload)
@@ -40,6 +58,20 @@ def main() -> int:
     notes = {"workload": workload.name, "seed": str(args.seed), "summary": workload.summary}
     if args.max_steps:
         notes["max_steps"] = str(args.max_steps)
+    config = scenario.config
+    if args.async_scheduling:
+        config = dataclasses.replace(config, async_scheduling=True)
+    if args.num_gpu_blocks:
+        config = dataclasses.replace(config, num_gpu_blocks=args.num_gpu_blocks)
+        notes["num_gpu_blocks"] = f"{args.num_gpu_blocks} (the preset's shrunk to preempt)"
+    stops = None
+    if args.stop_rate:
+        ids = [request.id for request in scenario.requests]
+        stops = stop_table(ids, args.max_steps or 1000, args.stop_rate, args.seed)
+        notes["stop_rate"] = f"{args.stop_rate} per request and step that samples"
+    # The lockstep recording checks vLLM against the installed release's own profile.
+    profile = profile_for_vllm_version(installed_vllm_version() or "").name
+    scenario = validate(dataclasses.replace(scenario, profile=profile, config=config, stops=stops))
     with tempfile.TemporaryDirectory() as tmp:
         plain = Path(tmp) / "trace.ndjson"
         steps = write_scheduler_trace(scenario, plain, args.max_steps, notes)
@@ -50,6 +82,19 @@ def main() -> int:
             shutil.copy(plain, args.out)
     print(f"{args.out}: {steps} steps of {workload.name} (seed {args.seed})")
     return 0
+
+
+def stop_table(ids: list[str], steps: int, rate: float, seed: int) -> dict[int, dict[str, int]]:
+    """``{step: {id: n}}``: each (step, request) stops at its n-th sampled token with
+    probability ``rate``, n uniform in 1..8 (the driver caps it at what was sampled); a
+    request that samples nothing in that step ignores its entry."""
+    rng = random.Random(f"stops-{seed}")
+    table: dict[int, dict[str, int]] = {}
+    for step in range(steps):
+        for rid in ids:
+            if rng.random() < rate:
+                table.setdefault(step, {})[rid] = rng.randint(1, 8)
+    return table
 
 
 if __name__ == "__main__":

@@ -9,7 +9,12 @@ are shaped like serving: many concurrent requests, mixed prompt lengths, a small
     .venv-vllm-0.32/bin/python scripts/record_traces.py tests/data/traces
 
 Needs the engine's extra packages in that environment (requirements/vllm-engine.txt).
-Async scheduling and prefix caching are off: the reference replays neither.
+The first three traces were recorded with async scheduling and prefix caching turned off
+and ``ignore_eos``. The ``*-stops`` traces keep vLLM's defaults but prefix caching, which
+the reference does not model yet (reference/settings.py): async scheduling as vLLM
+resolves it (the CPU platform turns it off), and requests that stop on EOS or on stop
+tokens, sampled at temperature 1 (from the engine's seed: vLLM's CPU sampler refuses
+per-request seeds under speculative decoding) so that some of them stop.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # The engine core runs in this process, so the recorder's trace is closed at exit.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -74,16 +80,23 @@ def record(path: Path, model: str, llm_kwargs: dict[str, Any], workload: dict[st
         skip_tokenizer_init=True,
         enforce_eager=True,
         seed=0,
-        async_scheduling=False,
-        enable_prefix_caching=False,
         scheduler_cls=RECORDER,
         **llm_kwargs,
     )
     rng = random.Random(workload["seed"])
     batch = prompts(workload["seed"], workload["requests"], workload["prompt_lens"])
+    stops = workload.get("stop_token_ids")
     params = [
         SamplingParams(
-            max_tokens=rng.randint(*workload["max_tokens"]), ignore_eos=True, temperature=0.0
+            max_tokens=rng.randint(*workload["max_tokens"]),
+            ignore_eos=True,
+            temperature=0.0,
+        )
+        if stops is None
+        else SamplingParams(
+            max_tokens=rng.randint(*workload["max_tokens"]),
+            temperature=1.0,
+            stop_token_ids=list(stops),
         )
         for _ in batch
     ]
@@ -92,17 +105,25 @@ def record(path: Path, model: str, llm_kwargs: dict[str, Any], workload: dict[st
         priority = [rng.randint(0, 3) for _ in batch]
     outputs = llm.generate(batch, params, priority=priority, use_tqdm=False)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    stopped = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
     llm.llm_engine.engine_core.shutdown()
     print(
-        f"{path.name}: {len(batch)} requests, {tokens} output tokens,"
-        f" {time.monotonic() - started:.0f} s",
+        f"{path.name}: {len(batch)} requests ({stopped} stopped on EOS or a stop token),"
+        f" {tokens} output tokens, {time.monotonic() - started:.0f} s",
         flush=True,
     )
+
+
+SYNC_NO_CACHE = {"async_scheduling": False, "enable_prefix_caching": False}
+"""The flags the first traces were recorded with."""
+STOP_TOKEN_IDS = tuple(range(500, 540))
+"""Stop tokens of the ``*-stops`` traces: 4% of the tiny models' vocabulary."""
 
 
 TRACES: dict[str, dict[str, Any]] = {
     "engine-ngram-k3-fcfs": {
         "llm": {
+            **SYNC_NO_CACHE,
             "max_model_len": 256,
             "max_num_batched_tokens": 64,
             "max_num_seqs": 8,
@@ -119,6 +140,7 @@ TRACES: dict[str, dict[str, Any]] = {
     },
     "engine-ngram-k5-priority-threshold": {
         "llm": {
+            **SYNC_NO_CACHE,
             "max_model_len": 320,
             "max_num_batched_tokens": 96,
             "max_num_seqs": 12,
@@ -138,6 +160,7 @@ TRACES: dict[str, dict[str, Any]] = {
     "engine-draft-model-k2": {
         "draft": True,
         "llm": {
+            **SYNC_NO_CACHE,
             "max_model_len": 256,
             "max_num_batched_tokens": 48,
             "max_num_seqs": 8,
@@ -146,6 +169,46 @@ TRACES: dict[str, dict[str, Any]] = {
             "speculative_config": {"method": "draft_model", "num_speculative_tokens": 2},
         },
         "workload": {"seed": 3, "requests": 20, "prompt_lens": (8, 100), "max_tokens": (8, 40)},
+    },
+    "engine-draft-model-k3-stops": {
+        "draft": True,
+        "draft_seed": 0,
+        "llm": {
+            "enable_prefix_caching": False,
+            "max_model_len": 256,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 8,
+            "block_size": 32,
+            "num_gpu_blocks_override": 12,
+            "speculative_config": {"method": "draft_model", "num_speculative_tokens": 3},
+        },
+        "workload": {
+            "seed": 4,
+            "requests": 24,
+            "prompt_lens": (8, 120),
+            "max_tokens": (16, 64),
+            "stop_token_ids": STOP_TOKEN_IDS,
+        },
+    },
+    "engine-draft-model-k4-stops": {
+        "draft": True,
+        "draft_seed": 0,
+        "llm": {
+            "enable_prefix_caching": False,
+            "max_model_len": 320,
+            "max_num_batched_tokens": 96,
+            "max_num_seqs": 12,
+            "block_size": 32,
+            "num_gpu_blocks_override": 14,
+            "speculative_config": {"method": "draft_model", "num_speculative_tokens": 4},
+        },
+        "workload": {
+            "seed": 5,
+            "requests": 28,
+            "prompt_lens": (4, 160),
+            "max_tokens": (16, 80),
+            "stop_token_ids": STOP_TOKEN_IDS,
+        },
     },
 }
 
@@ -170,7 +233,10 @@ def main() -> int:
         target = tiny_llama(Path(tmp) / "target", seed=0)
         llm = dict(spec["llm"])
         if spec.get("draft"):
-            draft = tiny_llama(Path(tmp) / "draft", seed=1, **spec.get("draft_config", {}))
+            # A draft with the target's weights (draft_seed 0) has its drafts accepted,
+            # so that stops also fall inside accepted drafts (vLLM trims at the stop).
+            seed = spec.get("draft_seed", 1)
+            draft = tiny_llama(Path(tmp) / "draft", seed=seed, **spec.get("draft_config", {}))
             llm["speculative_config"] = {**llm["speculative_config"], "model": draft}
         record(args.out_dir / f"{name}.ndjson", target, llm, spec["workload"])
     return 0

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from dualbudget.reference.settings import settings_markdown
 from dualbudget.spec.contract import CONTRACT, contract_markdown
 from dualbudget.spec.methods import LAYOUTS, VLLM_VERSIONS, MethodLayout, PerK
 from dualbudget.spec.profiles import PROFILES
@@ -165,6 +166,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "methods": method_table,
     "profiles": profile_table,
     "modules": module_table,
+    "settings": settings_markdown,
 }
 """Each block name and the function that renders its body."""
 
@@ -172,6 +174,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "README.md": ("contract", "profiles"),
     "proofs/README.md": ("contract",),
     "docs/design.md": ("contract", "predicates", "methods", "profiles", "modules"),
+    "docs/traces.md": ("settings",),
 }
 """The blocks each document must hold; any document may hold any other block."""
 

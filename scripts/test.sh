@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test job: lint, types, the core suite (spec, reference, proofs, traces), the spec's
 # mutants, then inside each real vLLM (0.32 and 0.33) the live suite, a seeded lockstep
-# fuzz and the benchmark (its ratio printed, never asserted). `dualbudget mutate` is not
-# run here until it has no survivor (issue 13); its live tests are. Installs everything
-# it needs (virtual environments under the repository root).
+# fuzz, the benchmark (its ratio printed, never asserted) and `dualbudget mutate` (budget
+# bugs planted in vLLM's scheduler: every one killed or equivalent with its reason, see
+# docs/mutate.md). Installs everything it needs (virtual environments under the
+# repository root).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$repo"
@@ -34,4 +35,7 @@ for version in 0.32 0.33; do
     --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"
   echo "== steps/s of the reference and of vLLM $version (printed, not asserted)"
   ".venv-vllm-$version/bin/dualbudget" bench --json "out/bench-$version.json"
+  echo "== budget bugs planted in vLLM $version's scheduler (dualbudget mutate)"
+  ".venv-vllm-$version/bin/dualbudget" mutate --json "out/mutate-$version.json" \
+    --out-dir "out/mutants-$version"
 done

@@ -3,7 +3,9 @@
 Only the fields that bear on token budgets are kept. Defaults are vLLM's own defaults and
 are named here, never invented: ``enable_chunked_prefill`` True,
 ``long_prefill_token_threshold`` 0 (off), ``scheduling_policy`` ``fcfs``,
-``max_num_scheduled_tokens`` None (vLLM then uses ``max_num_batched_tokens``).
+``max_num_scheduled_tokens`` None (vLLM then uses ``max_num_batched_tokens``),
+``async_scheduling`` False (vLLM's own default is None, resolved per method and model
+runner; the project states it explicitly).
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ from .errors import BadInput
 from .methods import MethodLayout, layout_for
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
+ASYNC_SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "dspark")
+"""The drafters every release's ``VllmConfig`` lets ``async_scheduling`` run with under
+model runner V1 (the runner the live adapter builds every method but DSpark with)."""
+ASYNC_RUNNER_V2_METHODS: dict[str, tuple[str, ...]] = {"0.32": (), "0.33": ("ngram",)}
+"""Per release, the further drafters it runs async only under model runner V2, and only
+without ``parallel_drafting`` (V2 refuses that but for DFlash/DSpark, and V1 refuses these
+drafters async). vLLM 0.33 confines its async exceptions to V1, and V2 is its default
+runner, so async is ngram's default there; 0.32 refuses async ngram under any runner.
+Suffix is refused async by every release."""
 
 
 class ConfigError(BadInput):
@@ -63,6 +74,9 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     max_num_scheduled_tokens: int | None = None
     speculative_config: SpeculativeConfig | None = None
+    async_scheduling: bool = False
+    """vLLM's ``SchedulerConfig.async_scheduling``: the engine schedules step n+1 before
+    step n's output is back (``AsyncScheduler``, a batch queue of depth 2)."""
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -86,7 +100,8 @@ class EngineConfig:
 def check_engine_config(config: EngineConfig) -> None:
     """Raise ConfigError for what vLLM's ``SchedulerConfig``/``SpeculativeConfig`` refuse.
 
-    Policy-specific admission checks live with each policy (``policies.validate``).
+    Policy-specific admission checks live with each policy (``policies.validate``), and
+    so does the release's async check (``check_async_scheduling``).
     """
     positive = {
         "max_num_batched_tokens": config.max_num_batched_tokens,
@@ -129,6 +144,10 @@ def check_engine_config(config: EngineConfig) -> None:
             "long_prefill_token_threshold",
             f"({threshold}) cannot be greater than max_model_len ({config.max_model_len})",
         )
+    if not isinstance(config.async_scheduling, bool):
+        raise ConfigError(
+            "async_scheduling", f"must be true or false, got {config.async_scheduling!r}"
+        )
     spec = config.speculative_config
     if spec is not None:
         k = spec.num_speculative_tokens
@@ -140,3 +159,23 @@ def check_engine_config(config: EngineConfig) -> None:
             layout_for(spec.method, spec.parallel_drafting, spec.dspark_layout)
         except BadInput as err:
             raise ConfigError("speculative_config.method", str(err)) from None
+
+
+def runs_async(spec: SpeculativeConfig, release: str) -> bool:
+    """Whether vLLM ``release`` lets ``spec``'s drafter run with ``async_scheduling``."""
+    if spec.method in ASYNC_SPECULATIVE_METHODS:
+        return True
+    return spec.method in ASYNC_RUNNER_V2_METHODS.get(release, ()) and not spec.parallel_drafting
+
+
+def check_async_scheduling(config: EngineConfig, release: str) -> None:
+    """Raise ConfigError where vLLM ``release``'s ``VllmConfig`` fails explicit async
+    scheduling with the config's drafter (the one home of that rule)."""
+    spec = config.speculative_config
+    if config.async_scheduling and spec is not None and not runs_async(spec, release):
+        drafting = " with parallel_drafting" if spec.parallel_drafting else ""
+        raise ConfigError(
+            "async_scheduling",
+            f"vLLM {release} refuses async scheduling with {spec.method!r}{drafting}"
+            " speculative decoding",
+        )

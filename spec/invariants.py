@@ -12,7 +12,6 @@ have done, so only the proofs (and the tests) evaluate them.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -122,17 +121,16 @@ def step_totals(
     """
     if per_q is None:
         per_q = {}
-    target_rows = tokens = rows = draft_rows = 0
-    for q, n in Counter(scheduled.values()).items():
+    tokens = rows = draft_rows = 0
+    for q in scheduled.values():
         of_q = per_q.get(q)
         if of_q is None:
             charge = policy.charge(p, q)
             of_q = per_q[q] = (charge.tokens, charge.rows, p.draft_rows(q))
-        target_rows += n * q
-        tokens += n * of_q[0]
-        rows += n * of_q[1]
-        draft_rows += n * of_q[2]
-    return StepTotals(target_rows, draft_rows, Charge(tokens, rows))
+        tokens += of_q[0]
+        rows += of_q[1]
+        draft_rows += of_q[2]
+    return StepTotals(sum(scheduled.values()), draft_rows, Charge(tokens, rows))
 
 
 def step_violations(

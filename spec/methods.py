@@ -110,6 +110,17 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         "no draft model, so no draft forward",
     ),
     MethodLayout(
+        "ngram-parallel",
+        ("ngram",),
+        True,
+        None,
+        0,
+        ZERO,
+        _same(K_MINUS_1),
+        _same(ZERO),
+        "no draft model, so no draft forward; vLLM still reserves the parallel-drafting slots",
+    ),
+    MethodLayout(
         "eagle",
         ("eagle", "eagle3", "mtp"),
         False,

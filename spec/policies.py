@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .arith import Cond, Num, all_of, any_of, floordiv, imax, imin, ite
-from .config import ConfigError, EngineConfig
+from .config import ConfigError, EngineConfig, check_async_scheduling
 from .methods import NO_SPECULATION, MethodLayout
 
 
@@ -134,7 +134,9 @@ class Policy:
         return all_of(True, *(rule.holds for rule in self.admission_rules(p)))
 
     def validate(self, config: EngineConfig) -> None:
-        """Raise ConfigError with vLLM's reason when this policy refuses ``config``."""
+        """Raise ConfigError with vLLM's reason when this policy refuses ``config``: the
+        async check of the release whose ``tables`` it reads, then its admission rules."""
+        check_async_scheduling(config, self.tables)
         for rule in self.admission_rules(StepParams.of(config)):
             if not rule.holds:
                 raise ConfigError(rule.field, rule.reason)

@@ -18,7 +18,7 @@ FORMAT = "dualbudget-scenario"
 VERSION = 1
 
 SCENARIO_REQUIRED = frozenset({"profile", "config", "requests"})
-SCENARIO_OPTIONAL = frozenset({"format", "version", "acceptance", "drafts"})
+SCENARIO_OPTIONAL = frozenset({"format", "version", "acceptance", "drafts", "stops"})
 CONFIG_INTS = (
     "max_num_batched_tokens",
     "max_num_seqs",
@@ -34,6 +34,7 @@ CONFIG_OPTIONAL = frozenset(
         "scheduling_policy",
         "max_num_scheduled_tokens",
         "speculative_config",
+        "async_scheduling",
     }
 )
 SPECULATIVE_REQUIRED = frozenset({"method", "num_speculative_tokens"})
@@ -48,7 +49,8 @@ DRAFTS_KINDS = ("fixed", "explicit")
 
 def config_to_json(config: EngineConfig) -> dict[str, Any]:
     """The ``config`` object, in vLLM's names: every key written, defaults included, but
-    ``max_num_scheduled_tokens`` only when set and ``speculative_config`` only when on."""
+    ``max_num_scheduled_tokens`` only when set, ``speculative_config`` and
+    ``async_scheduling`` only when on (so that every synchronous file reads as before)."""
     out: dict[str, Any] = {name: getattr(config, name) for name in CONFIG_INTS}
     out.update(
         enable_chunked_prefill=config.enable_chunked_prefill,
@@ -67,6 +69,8 @@ def config_to_json(config: EngineConfig) -> dict[str, Any]:
         if spec.dspark_layout is not None:
             speculative["dspark_layout"] = spec.dspark_layout
         out["speculative_config"] = speculative
+    if config.async_scheduling:
+        out["async_scheduling"] = True
     return out
 
 
@@ -120,9 +124,11 @@ def scenario_json(
     requests: Sequence[Mapping[str, Any]],
     acceptance: Mapping[str, Any],
     drafts: Mapping[str, Any] | None = None,
+    stops: Mapping[int, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The whole scenario object; ``requests``, ``acceptance`` and ``drafts`` as their
-    writers above make them."""
+    writers above make them; ``stops`` (natural stops: ``{step: {id: kept tokens}}``)
+    only when there is one."""
     out: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -133,4 +139,6 @@ def scenario_json(
     }
     if drafts is not None:
         out["drafts"] = dict(drafts)
+    if stops:
+        out["stops"] = table_json(stops)
     return out

@@ -379,6 +379,7 @@ def test_design_formats_name_every_field_the_code_writes() -> None:
             },
             "requests": [{"id": "0", "prompt_len": 1, "max_tokens": 1, "abort_step": 1}],
             "drafts": {"fixed": 0},
+            "stops": {"0": {"0": 1}},
         }
     )
     written = example.to_json()

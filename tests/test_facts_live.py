@@ -115,3 +115,32 @@ def test_the_measured_first_step_of_p_eagle(profile) -> None:  # type: ignore[no
     record = live.handle(ScheduleStep())
     assert record is not None
     assert record.num_scheduled_tokens == {"0": 10, "1": 4}
+
+
+def test_ngram_parallel_drafting_with_b_at_most_k_minus_1(profile) -> None:  # type: ignore[no-untyped-def]
+    """The finding vllm-0.33/ngram-parallel/C4, live: ngram with ``parallel_drafting`` and
+    K = 3 reserves K - 1 = 2 slots per request; with max_num_batched_tokens = 2, vLLM 0.32
+    refuses the config, while 0.33 (which checks B against num_lookahead_tokens, 0 for
+    ngram) accepts it and then never schedules the waiting request."""
+    from dualbudget.integration.live import LiveScheduler
+    from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep
+
+    config = EngineConfig(
+        max_num_batched_tokens=2,
+        max_num_seqs=1,
+        max_model_len=256,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig("ngram", 3, True),
+    )
+    if profile.policy.tables == "0.32":
+        with pytest.raises(Unsupported):
+            build_vllm_config(config)
+        return
+    live = LiveScheduler(config)
+    live.handle(AddRequest("0", 1, 4, arrival_time=0.0))
+    for _ in range(3):
+        record = live.handle(ScheduleStep())
+        assert record is not None
+        assert record.num_scheduled_tokens == {}
+        live.handle(ModelOutput({}))

@@ -101,6 +101,11 @@ def test_expected_finding_replays_in_the_reference(outcomes: dict[str, Outcome],
         c3 = [v for v in replay.scheduler.violations if v.contract == "C3"]
         assert c3, f"{name}: the reference shows no C3 violation: {record.to_json()}"
         assert record.draft_rows > p.max_num_batched_tokens
+    elif o.contract == "C4":
+        # An accepted config (the scenario parsed) whose empty step schedules nothing and
+        # can never change: the driver's stall, the reference's C4 progress failure.
+        assert record.target_tokens == 0, f"{name}: the step made progress: {record.to_json()}"
+        assert replay.stall is not None, f"{name}: the reference saw no stall"
     elif o.contract == "C5":
         scheduled = record.num_scheduled_tokens
         cut = [rid for rid in needs if scheduled.get(rid, 0) < needs[rid]]

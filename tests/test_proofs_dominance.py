@@ -166,9 +166,18 @@ def test_mutant_violation_is_real_on_nine_requests() -> None:
 # -- which strengthening each pair needs (the table in proofs/README.md) --------------
 
 PLAIN = Relation(count_nonnegative=False, tokens_cover_count=False, lower_exhausted=False)
-SLOTS = ("p-eagle", "draft-model", "pard", "dflash", "dspark-anchor", "dspark-fill-in")
+SLOTS = (
+    "ngram-parallel",
+    "p-eagle",
+    "draft-model",
+    "pard",
+    "dflash",
+    "dspark-anchor",
+    "dspark-fill-in",
+)
 NEEDED: dict[tuple[str, str], set[str]] = {
     **{("dual", layout): {"count_nonnegative"} for layout in ("p-eagle", "draft-model", "pard")},
+    ("dual", "ngram-parallel"): {"count_nonnegative", "lower_exhausted"},
     **{
         ("vllm-0.33", layout): {"count_nonnegative", "tokens_cover_count", "lower_exhausted"}
         for layout in ("dflash", "dspark-anchor")

@@ -3,6 +3,7 @@ writes replays against the reference (needs vLLM; fails under CI=true without it
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,9 @@ import pytest
 from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import live_records
 from dualbudget.integration.testing import live_profile_name
-from dualbudget.reference.events import StepRecord
+from dualbudget.reference.events import ModelOutput, StepRecord
 from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.scenario import load_scenario
+from dualbudget.reference.scenario import Scenario, load_scenario, validate
 from dualbudget.reference.trace import read_trace
 
 pytestmark = pytest.mark.live
@@ -64,45 +65,77 @@ def test_the_recorder_refuses_to_start_without_a_trace_path(
         LiveScheduler(scenario.config, scheduler_cls=RecordingScheduler)
 
 
-def test_the_async_recorder_records_and_replay_refuses_its_trace(
+def _stopping(scenario: Scenario, async_scheduling: bool) -> Scenario:
+    """``scenario`` with every request that samples in steps 3, 6, ... stopping at its
+    first token (EOS or a stop token, decided by vLLM's own check_stop)."""
+    stops = {s: {r.id: 1 for r in scenario.requests} for s in range(3, 40, 3)}
+    config = dataclasses.replace(scenario.config, async_scheduling=async_scheduling)
+    return validate(dataclasses.replace(scenario, config=config, stops=stops))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_natural_stops_are_recorded_from_vllm_and_replay(
+    async_scheduling: bool, profile: str, tmp_path: Path
+) -> None:
+    """vLLM's check_stop finishes the requests (FINISHED_STOPPED); the recorder takes the
+    stops from what update_from_output reports, and the trace replays with them."""
+    from dualbudget.integration.scheduler_trace import write_scheduler_trace
+
+    scenario = _stopping(load_scenario(REPO / "examples" / "kv-pressure.json"), async_scheduling)
+    scenario = scenario.with_profile(profile)
+    path = tmp_path / "stops.ndjson"
+    steps = write_scheduler_trace(scenario, path)
+    trace = read_trace(path)
+    assert trace.header.version == 2 and trace.steps == steps > 3
+    assert trace.header.async_scheduling is async_scheduling
+    expected = "AsyncScheduler" if async_scheduling else "Scheduler"
+    assert trace.header.scheduler_class.rsplit(".", 1)[1] == expected
+    outputs = [e for e in trace.entries if isinstance(e, ModelOutput)]
+    assert all(o.step is not None for o in outputs)
+    assert trace.natural_stops > 0
+    result = replay_trace(trace)
+    assert result.ok, (result.divergence, result.violations)
+    assert result.natural_stops == trace.natural_stops
+
+
+def test_the_recorder_follows_async_scheduling_and_reads_every_setting(
     profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under async scheduling vLLM picks ``AsyncScheduler``; its recording twin runs, says
-    so in the header, and replay refuses the trace with one line (a documented limit)."""
+    """``--scheduler-cls ...RecordingScheduler`` alone records an async deployment (it
+    hands over to its AsyncScheduler twin), and the header's settings come from the live
+    config: a non-default one makes replay refuse the trace, naming it."""
     import subprocess
     import sys
 
-    from dualbudget.integration.recorder import RecordingAsyncScheduler
-    from dualbudget.reference.events import AddRequest, DraftProposals, ModelOutput, ScheduleStep
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    scenario = load_scenario(REPO / "examples" / "priority.json")
+    from dualbudget.integration.recorder import RecordingScheduler
+
+    scenario = load_scenario(REPO / "examples" / "kv-pressure.json").with_profile(profile)
     trace = tmp_path / "async.ndjson"
     monkeypatch.setenv("DUALBUDGET_TRACE", str(trace))
     live = LiveScheduler(scenario.config)
     live.vllm_config.scheduler_config.async_scheduling = True
-    live.scheduler = RecordingAsyncScheduler(
+    live.vllm_config.scheduler_config.watermark = 0.05
+    scheduler = RecordingScheduler(
         vllm_config=live.vllm_config,
         kv_cache_config=live.scheduler.kv_cache_config,
         structured_output_manager=live.scheduler.structured_output_manager,
         block_size=scenario.config.block_size,
         log_stats=False,
     )
-    live.handle(AddRequest("a", 5, 3))
-    record = live.handle(ScheduleStep())
-    assert record is not None and record.num_scheduled_tokens == {"a": 5}
-    live.handle(ModelOutput({"a": 1}))
-    live.handle(DraftProposals({"a": scenario.config.num_speculative_tokens}))
-    live.scheduler.shutdown()
-
+    assert isinstance(scheduler, AsyncScheduler)
+    scheduler.shutdown()
     written = read_trace(trace)
     assert written.header.async_scheduling is True
     assert written.header.scheduler_class == "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
-    assert written.steps == 1
+    assert written.header.settings["watermark"] == 0.05
+    assert written.header.settings["kv_cache_groups"] == ["FullAttentionSpec"]
     run = subprocess.run(
         [sys.executable, "-m", "dualbudget", "replay", str(trace)],
         capture_output=True,
         text=True,
         check=False,
     )
-    assert run.returncode == 2
-    assert "async scheduling" in run.stderr and run.stderr.count("\n") == 1
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "recorded with watermark = 0.05" in run.stderr

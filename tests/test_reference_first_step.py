@@ -6,10 +6,11 @@ on, a KV pool too large to matter. Every request is waiting, so the step is the 
 loop alone: each request in turn gets ``min(need, room)`` and pays its charge.
 
 Slots (vLLM's max_num_new_slots_for_drafting) with K = 4:
-  0.32: ngram 0, eagle 0, p-eagle 3, draft-model 1, pard 4, dflash 4, dspark 3 (both);
+  0.32: ngram 0, ngram-parallel 3, eagle 0, p-eagle 3, draft-model 1, pard 4, dflash 4,
+  dspark 3 (both);
   0.33: the same but dflash 0, dspark 0.
-True draft rows C(q): ngram 0, eagle q, p-eagle q+3, draft-model q+1, pard q+4,
-  dflash 5, dspark-anchor 4, dspark-fill-in 5.
+True draft rows C(q): ngram 0, ngram-parallel 0, eagle q, p-eagle q+3, draft-model q+1,
+  pard q+4, dflash 5, dspark-anchor 4, dspark-fill-in 5.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ CASES = [
     # -- vllm-0.32 (additive): room = min(token, input - slots), charge (q, q + slots) --
     # slots 0: r0 10 -> (10, 10); r1 10 -> (0, 0); token 0 stops. D = 0.
     ("vllm-0.32", "ngram", {"0": 10, "1": 10}, 0, (0, 0)),
+    # slots 3 (parallel drafting) as p-eagle, but no draft forward: D = 0.
+    ("vllm-0.32", "ngram-parallel", {"0": 10, "1": 4}, 0, (6, 0)),
     # slots 0, as ngram; D = 10 + 10.
     ("vllm-0.32", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
     # slots 3: r0 room 17 -> 10, (10, 7); r1 room min(10, 4) = 4, (6, 0); 0 <= 3 stops.
@@ -42,6 +45,7 @@ CASES = [
     ("vllm-0.32", "dspark-fill-in", {"0": 10, "1": 4}, 10, (6, 0)),
     # -- vllm-0.33 (static-cap): as 0.32, DFlash/DSpark slots 0 and running cap B // lookahead --
     ("vllm-0.33", "ngram", {"0": 10, "1": 10}, 0, (0, 0)),
+    ("vllm-0.33", "ngram-parallel", {"0": 10, "1": 4}, 0, (6, 0)),
     ("vllm-0.33", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
     ("vllm-0.33", "p-eagle", {"0": 10, "1": 4}, 20, (6, 0)),
     ("vllm-0.33", "draft-model", {"0": 10, "1": 8}, 20, (2, 0)),
@@ -55,6 +59,8 @@ CASES = [
     # -- global-reserve: S' = B - max_num_seqs * slots(0.32) fixed; charge (q, 0) --
     # S' = 20: r0 10, r1 10; token 0 stops.
     ("global-reserve", "ngram", {"0": 10, "1": 10}, 0, (0, 20)),
+    # S' = 20 - 4*3 = 8: r0 gets 8. D = 0.
+    ("global-reserve", "ngram-parallel", {"0": 8}, 0, (0, 20)),
     ("global-reserve", "eagle", {"0": 10, "1": 10}, 20, (0, 20)),
     # S' = 20 - 4*3 = 8: r0 gets 8 and the step is over. D = 8 + 3.
     ("global-reserve", "p-eagle", {"0": 8}, 11, (0, 20)),
@@ -71,6 +77,7 @@ CASES = [
     # -- dual: token budget 20 charged q; draft budget 20 charged C(q) --
     # C = 0: room = token budget: r0 10, r1 10.
     ("dual", "ngram", {"0": 10, "1": 10}, 0, (0, 20)),
+    ("dual", "ngram-parallel", {"0": 10, "1": 10}, 0, (0, 20)),
     # C(q) = q: room min(token, input): r0 10 -> (10, 10); r1 10 -> (0, 0).
     ("dual", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
     # C(q) = q + 3: r0 room min(20, 17) -> 10, (10, 7); r1 room min(10, 4) = 4, (6, 0).
@@ -88,6 +95,7 @@ CASES = [
     ("dual", "dspark-fill-in", {"0": 10, "1": 10}, 10, (0, 10)),
     # -- pr-53080: dual's rule term for term (target charged q, draft budget C(q)) --
     ("pr-53080", "ngram", {"0": 10, "1": 10}, 0, (0, 20)),
+    ("pr-53080", "ngram-parallel", {"0": 10, "1": 10}, 0, (0, 20)),
     ("pr-53080", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
     ("pr-53080", "p-eagle", {"0": 10, "1": 4}, 20, (6, 0)),
     ("pr-53080", "draft-model", {"0": 10, "1": 8}, 20, (2, 0)),
@@ -98,6 +106,7 @@ CASES = [
     # -- pr-52996: 0.32's additive charge, but DSpark charged K = 4 rows of a separate
     # draft budget of B = 20 and q of a target budget min(S, B) = 20 --
     ("pr-52996", "ngram", {"0": 10, "1": 10}, 0, (0, 0)),
+    ("pr-52996", "ngram-parallel", {"0": 10, "1": 4}, 0, (6, 0)),
     ("pr-52996", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
     ("pr-52996", "p-eagle", {"0": 10, "1": 4}, 20, (6, 0)),
     ("pr-52996", "draft-model", {"0": 10, "1": 8}, 20, (2, 0)),
@@ -110,6 +119,7 @@ CASES = [
     ("pr-52996", "dspark-fill-in", {"0": 10, "1": 10}, 10, (0, 12)),
     # -- fork-605: pr-52996, plus DFlash charged K + 1 = 5 rows of the separate budget --
     ("fork-605", "ngram", {"0": 10, "1": 10}, 0, (0, 0)),
+    ("fork-605", "ngram-parallel", {"0": 10, "1": 4}, 0, (6, 0)),
     ("fork-605", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),
     ("fork-605", "p-eagle", {"0": 10, "1": 4}, 20, (6, 0)),
     ("fork-605", "draft-model", {"0": 10, "1": 8}, 20, (2, 0)),

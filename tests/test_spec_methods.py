@@ -15,6 +15,7 @@ K = 4
 # layout: (C(1), C(5), slots 0.32, slots 0.33, num_lookahead_tokens)
 ROWS = {
     "ngram": (0, 0, 0, 0, 0),
+    "ngram-parallel": (0, 0, 3, 3, 0),
     "eagle": (1, 5, 0, 0, 4),
     "p-eagle": (4, 8, 3, 3, 4),
     "draft-model": (2, 6, 1, 1, 4),
@@ -46,6 +47,7 @@ def test_row(name: str) -> None:
     [
         ("ngram", False, None, "ngram"),
         ("suffix", False, None, "ngram"),
+        ("ngram", True, None, "ngram-parallel"),
         ("eagle", False, None, "eagle"),
         ("eagle3", False, None, "eagle"),
         ("mtp", False, None, "eagle"),
@@ -69,7 +71,7 @@ def test_vllm_config_selects_row(
     ("method", "parallel", "dspark_layout", "needle"),
     [
         ("medusa", False, None, "unknown speculative method 'medusa'"),
-        ("ngram", True, None, "parallel_drafting=True has no row"),
+        ("suffix", True, None, "parallel_drafting=True has no row"),
         ("mtp", True, None, "parallel_drafting=True has no row"),
         ("eagle3", False, "anchor", "dspark_layout is only for method 'dspark'"),
         ("dspark", True, "sideways", "unknown dspark_layout 'sideways'"),

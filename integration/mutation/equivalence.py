@@ -36,10 +36,13 @@ class ClaimRefuted(Exception):
 
 
 _ADAPTIVE = (
-    "Runs only with vLLM's SchedulerConfig.long_prefill_token_threshold_adaptive on; the"
-    " live adapter never sets it (integration/live.py) and its default is off, so in every"
-    " config of dualbudget's subset the guarding test is false before and after the change"
-    " (the reference mirrors no adaptive threshold: docs/reference.md)."
+    "Equivalent within dualbudget's declared subset only, not as a program: the change is"
+    " in the adaptive long-prefill threshold, code that runs only with vLLM's"
+    " SchedulerConfig.long_prefill_token_threshold_adaptive on. Its default is off, the"
+    " live adapter never sets it (integration/live.py) and the reference does not mirror"
+    " it, so in every config the fuzz can draw the guard `long_prefill_token_threshold > 0"
+    " and adaptive` is false before and after the change; with the adaptive threshold on,"
+    " the mutant would cut prefills differently, and no fuzz here could tell."
 )
 _ZERO_GRANT = (
     " The grant min(need, token_budget, input_budget - draft_slots), capped at"

@@ -1,0 +1,330 @@
+"""``dualbudget diff``: where two profiles decide differently.
+
+On a workload or a scenario: the reference under each profile, step by step
+(``reference/diff.py``), the first step whose decisions differ and the totals side by
+side. With ``--search``: z3 first (``proofs/same_decisions.py``): where it proves the two
+profiles make the same decisions for every config in ``SEARCH_BOUNDS``, that is the answer
+(``"proved_equal": true``); else a seeded Hypothesis search, bounded in examples and in
+seconds, for the scenario within those bounds that maximises the gap in steps to drain
+(then in target tokens per step), written as a scenario file ``dualbudget schedule``
+runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dualbudget.reference.diff import Comparison, compare
+from dualbudget.reference.scenario import (
+    Acceptance,
+    RequestSpec,
+    Scenario,
+    dump_scenario,
+    load_scenario,
+    validate,
+)
+from dualbudget.reference.workload import preset
+from dualbudget.spec.config import ASYNC_SPECULATIVE_METHODS, EngineConfig, SpeculativeConfig
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.methods import layout_named
+from dualbudget.spec.policies import StepParams
+from dualbudget.spec.profiles import profile_named
+
+DEFAULT_WORKLOAD = "dspark-bench"
+DEFAULT_SEARCH_LAYOUT = "dflash"
+SEARCH_EXAMPLES = 500
+SEARCH_SECONDS = 90.0
+DEFAULT_OUT = Path("out") / "diff"
+
+
+@dataclass(frozen=True)
+class SearchBounds:
+    """The realistic bounds of ``--search`` (and of its z3 check, for the config)."""
+
+    b: tuple[int, int] = (512, 2048)
+    m: tuple[int, int] = (16, 256)
+    k: tuple[int, int] = (1, 8)
+    requests: tuple[int, int] = (1, 160)
+    prompt: tuple[int, int] = (1, 1024)
+    output: tuple[int, int] = (1, 96)
+    arrival: tuple[int, int] = (0, 16)
+    headroom: tuple[int, int] = (0, 64)
+    """max_model_len minus the longest request (prompt + output)."""
+
+    def text(self) -> str:
+        return (
+            f"max_num_batched_tokens {_r(self.b)}, max_num_seqs {_r(self.m)} (<= B), K"
+            f" {_r(self.k)}, {_r(self.requests)} requests, prompts {_r(self.prompt)} and"
+            f" outputs {_r(self.output)} tokens, arrivals at steps {_r(self.arrival)},"
+            f" max_model_len {_r(self.headroom)} past the longest request, KV pool from"
+            " tight to ample, fixed acceptance 0..K, async scheduling on or off (where vLLM"
+            " allows it with the method), fcfs or priority scheduling (priorities 0..2)"
+        )
+
+
+def _r(bounds: tuple[int, int]) -> str:
+    return f"{bounds[0]}..{bounds[1]}"
+
+
+SEARCH_BOUNDS = SearchBounds()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="append", metavar="NAME", help="twice: A, then B")
+    p.add_argument("--layout", metavar="L", help="the method layout (default: the workload's)")
+    p.add_argument("--workload", metavar="NAME", help=f"a preset (default {DEFAULT_WORKLOAD})")
+    p.add_argument("--scenario", metavar="FILE", help="a scenario JSON file")
+    p.add_argument("--search", action="store_true", help="search for the widest difference")
+    p.add_argument("--seed", type=int, default=0, help="the preset's and the search's seed")
+    p.add_argument("--examples", type=int, default=SEARCH_EXAMPLES, help="search examples")
+    p.add_argument("--max-seconds", type=float, default=SEARCH_SECONDS, help="search time cap")
+    p.add_argument("--out", metavar="FILE", help="where --search writes its scenario")
+    p.add_argument("--json", metavar="FILE")
+
+
+def _profiles(args: argparse.Namespace) -> tuple[str, str]:
+    names = list(args.profile or [])
+    if len(names) != 2:
+        raise BadInput(f"--profile: give exactly two profiles (A and B), got {len(names)}")
+    for name in names:
+        profile_named(name)
+    return names[0], names[1]
+
+
+def _with_layout(scenario: Scenario, layout: str | None) -> Scenario:
+    if layout is None:
+        return scenario
+    row = layout_named(layout)
+    k = scenario.config.num_speculative_tokens or 1
+    config = replace(scenario.config, speculative_config=SpeculativeConfig.for_layout(row, k))
+    return validate(replace(scenario, config=config))
+
+
+def _source(args: argparse.Namespace) -> tuple[str, Scenario]:
+    if args.workload and args.scenario:
+        raise BadInput("--workload and --scenario: give one of them, not both")
+    if args.scenario:
+        return str(args.scenario), load_scenario(args.scenario)
+    name = args.workload or DEFAULT_WORKLOAD
+    return f"{name} (seed {args.seed})", preset(name).scenario(args.seed)
+
+
+def diff_command(args: argparse.Namespace) -> int:
+    a, b = _profiles(args)
+    if args.layout is not None:
+        layout_named(args.layout)
+    if args.search:
+        if args.workload or args.scenario:
+            raise BadInput("--search: searches its own scenarios; no --workload or --scenario")
+        if args.examples < 1 or args.max_seconds <= 0:
+            raise BadInput("--examples must be >= 1 and --max-seconds > 0")
+        return _search_command(args, a, b)
+    name, scenario = _source(args)
+    scenario = _with_layout(scenario, args.layout)
+    result = compare(scenario, a, b)
+    print(f"workload: {name}, {len(scenario.requests)} requests")
+    print_comparison(result, sys.stdout)
+    if args.json:
+        data = {**result.to_json(), "scenario": name}
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+def print_comparison(result: Comparison, out: Any) -> None:
+    a, b = result.profiles
+    if result.first is None:
+        print(f"{a} and {b} make the same decision in every step", file=out)
+    else:
+        first = result.first
+        print(f"first differing step: {first.step} (requests {', '.join(first.requests[:8])})")
+        for profile, decision in first.decisions.items():
+            scheduled = decision["num_scheduled_tokens"]
+            print(
+                f"  {profile}: {len(scheduled)} requests, T={decision['target_tokens']},"
+                f" D={decision['draft_rows']}, preempted {decision['preempted'] or 'none'}",
+                file=out,
+            )
+    keys = ("steps", "target_tokens", "draft_rows", "output_tokens", "tokens_per_step")
+    print(f"{'totals':<16} {a:>14} {b:>14}", file=out)
+    ta, tb = (t.to_json() for t in result.totals)
+    for key in (*keys, "preemptions", "drained", "violations"):
+        print(f"{key:<16} {ta[key]!s:>14} {tb[key]!s:>14}", file=out)
+
+
+# -- the search --------------------------------------------------------------------------
+
+
+def _search_command(args: argparse.Namespace, a: str, b: str) -> int:
+    from dualbudget.proofs.same_decisions import Bounds, same_decisions
+
+    layout = args.layout or DEFAULT_SEARCH_LAYOUT
+    bounds = SEARCH_BOUNDS
+    started = time.perf_counter()
+    proof = same_decisions(a, b, layout, Bounds(bounds.b, bounds.m, bounds.k))
+    print(f"bounds: {bounds.text()}; layout {layout}")
+    print(f"z3 ({time.perf_counter() - started:.1f} s): {proof.reason}")
+    data: dict[str, Any]
+    if proof.equal:
+        data = {
+            "profiles": [a, b],
+            "layout": layout,
+            "differs": False,
+            "proved_equal": True,
+            "reason": proof.reason,
+            "bounds": bounds.text(),
+        }
+    else:
+        found = search(a, b, layout, args.seed, args.examples, args.max_seconds)
+        data = {
+            "profiles": [a, b],
+            "layout": layout,
+            "proved_equal": False,
+            "separated_by": proof.reason,
+            "bounds": bounds.text(),
+            "examples": found.examples,
+            "seconds": round(found.seconds, 1),
+            "time_capped": found.time_capped,
+        }
+        if found.best is None:
+            print(f"no difference found in {found.examples} examples ({found.seconds:.0f} s)")
+            data.update({"differs": False, "first_step": None, "totals": None, "scenario": None})
+        else:
+            scenario, result = found.best
+            out = Path(args.out) if args.out else DEFAULT_OUT / f"{a}-vs-{b}-{layout}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            dump_scenario(scenario, out)
+            print(
+                f"widest difference in {found.examples} examples ({found.seconds:.0f} s):"
+                f" {len(scenario.requests)} requests, B={scenario.config.max_num_batched_tokens},"
+                f" max_num_seqs={scenario.config.max_num_seqs},"
+                f" K={scenario.config.num_speculative_tokens}; scenario {out}"
+            )
+            print_comparison(result, sys.stdout)
+            data.update({**result.to_json(), "scenario": str(out)})
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+@dataclass
+class Found:
+    best: tuple[Scenario, Comparison] | None
+    examples: int
+    seconds: float
+    time_capped: bool
+
+
+def _score(result: Comparison) -> tuple[int, float, int]:
+    ta, tb = result.totals
+    return (
+        abs(result.steps_gap()),
+        abs(ta.tokens_per_step - tb.tokens_per_step),
+        1 if result.differs else 0,
+    )
+
+
+def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: float) -> Found:
+    """The seeded Hypothesis search (generate and target phases, no shrinking): each
+    example a scenario within ``SEARCH_BOUNDS``, scored by the gap in steps to drain,
+    then in tokens per step; the best that differs at all is kept."""
+    import hypothesis.strategies as st
+    from hypothesis import HealthCheck, Phase, given, settings, target
+    from hypothesis import seed as hypothesis_seed
+
+    bounds = SEARCH_BOUNDS
+    row = layout_named(layout)
+    started = time.perf_counter()
+    state: dict[str, Any] = {"best": None, "score": (-1, -1.0, -1), "examples": 0, "capped": False}
+
+    @st.composite
+    def scenarios(draw: Any) -> Scenario:
+        k = draw(st.integers(*bounds.k))
+        b_ = draw(st.integers(*bounds.b))
+        seqs = range(bounds.m[0], min(bounds.m[1], b_) + 1)
+        # Half the draws where the two caps on running requests differ (when they can):
+        # the item z3 names when it separates vllm-0.33 from dual.
+        apart = [x for x in seqs if _caps(a, row, b_, x, k) != _caps(b, row, b_, x, k)]
+        pool = apart if apart and draw(st.booleans()) else list(seqs)
+        m = draw(st.sampled_from(pool))
+        cap = min(_caps(a, row, b_, m, k), _caps(b, row, b_, m, k))
+        busy = st.integers(min(cap + 1, bounds.requests[1]), bounds.requests[1])
+        n = draw(st.one_of(st.integers(*bounds.requests), busy))
+        # A scale per scenario for the lengths and the arrivals, so that short requests
+        # arriving together come up as often as the full ranges: a queue longer than a cap
+        # on running requests only forms from short requests.
+        longest_prompt = draw(st.sampled_from((4, 16, 64, bounds.prompt[1])))
+        longest_output = draw(st.sampled_from((4, 16, bounds.output[1])))
+        latest = draw(st.sampled_from((bounds.arrival[0], bounds.arrival[1])))
+        prompt = st.integers(bounds.prompt[0], longest_prompt)
+        output = st.integers(bounds.output[0], longest_output)
+        arrival = st.integers(bounds.arrival[0], latest)
+        sizes = draw(st.lists(st.tuples(prompt, output, arrival), min_size=n, max_size=n))
+        longest = max(p + o for p, o, _ in sizes)
+        max_model_len = longest + draw(st.integers(*bounds.headroom))
+        block = 16
+        per_request = -(-(max_model_len + k + 1) // block)
+        ample = (n + 1) * per_request + 1
+        blocks = draw(st.one_of(st.just(ample), st.integers(per_request + 1, ample)))
+        config = EngineConfig(
+            max_num_batched_tokens=b_,
+            max_num_seqs=m,
+            max_model_len=max_model_len,
+            block_size=block,
+            num_gpu_blocks=blocks,
+            speculative_config=SpeculativeConfig.for_layout(row, k),
+        )
+        asynchronous = row.speculative_method in ASYNC_SPECULATIVE_METHODS and draw(st.booleans())
+        policy = draw(st.sampled_from(("fcfs", "priority")))
+        priority = st.integers(0, 2) if policy == "priority" else st.just(0)
+        config = replace(config, async_scheduling=asynchronous, scheduling_policy=policy)
+        requests = tuple(
+            RequestSpec(str(i), p, o, s, draw(priority))
+            for i, (p, o, s) in enumerate(sorted(sizes, key=_arr))
+        )
+        accepted = draw(st.integers(0, k))
+        return Scenario(a, config, requests, Acceptance(fixed=accepted))
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate, Phase.target],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(scenarios())
+    def probe(scenario: Scenario) -> None:
+        if time.perf_counter() - started > max_seconds:
+            state["capped"] = True
+            return
+        try:
+            scenario = validate(scenario)
+            validate(replace(scenario, profile=b))
+        except BadInput:
+            return
+        state["examples"] += 1
+        result = compare(scenario, a, b)
+        score = _score(result)
+        target(float(score[0]), label="steps gap")
+        target(score[1], label="tokens per step gap")
+        if result.differs and score > state["score"]:
+            state["best"], state["score"] = (scenario, result), score
+
+    probe()
+    return Found(state["best"], state["examples"], time.perf_counter() - started, state["capped"])
+
+
+def _caps(profile: str, row: Any, b: int, m: int, k: int) -> int:
+    """The profile's cap on running requests at a config (``max_active_requests``)."""
+    policy = profile_named(profile).policy
+    return int(policy.max_active_requests(StepParams(b, b, m, k, row)))
+
+
+def _arr(size: tuple[int, int, int]) -> int:
+    return size[2]
