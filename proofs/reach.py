@@ -44,6 +44,7 @@ from dualbudget.spec.policies import StepParams
 
 from .model import Subject, fcfs_step
 from .obligations import Obligation, family_queries, lower_of
+from .solve import subterms
 from .witness import witness_scenario
 
 
@@ -255,18 +256,11 @@ def _span(bounds: tuple[int, int] | None) -> str:
 
 
 def _constants(exprs: Sequence[Any]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    seen: set[int] = set()
-    stack = list(exprs)
-    while stack:
-        e = stack.pop()
-        if e.get_id() in seen:
-            continue
-        seen.add(e.get_id())
-        if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-            found[e.decl().name()] = e
-        stack.extend(e.children())
-    return found
+    return {
+        e.decl().name(): e
+        for e in subterms(exprs)
+        if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED
+    }
 
 
 def _box(k: int) -> list[Any]:

@@ -7,7 +7,7 @@ verdict ``unknown``, which matches no manifest entry and so fails the run.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,15 @@ monotonicity lemmas ``x >= j -> x*y >= j*y`` and ``0 <= x <= j -> x*y <= j*y`` f
 
 
 def _nonlinear_products(exprs: Sequence[Any]) -> list[Any]:
-    found: dict[int, Any] = {}
+    return [
+        e
+        for e in subterms(exprs)
+        if z3.is_mul(e) and sum(not z3.is_int_value(c) for c in e.children()) >= 2
+    ]
+
+
+def subterms(exprs: Sequence[Any]) -> Iterator[Any]:
+    """Every distinct subterm of ``exprs`` (shared subterms once)."""
     seen: set[int] = set()
     stack = list(exprs)
     while stack:
@@ -32,10 +40,8 @@ def _nonlinear_products(exprs: Sequence[Any]) -> list[Any]:
         if e.get_id() in seen:
             continue
         seen.add(e.get_id())
-        if z3.is_mul(e) and sum(not z3.is_int_value(c) for c in e.children()) >= 2:
-            found[e.get_id()] = e
+        yield e
         stack.extend(e.children())
-    return list(found.values())
 
 
 def _abstract_products(exprs: Sequence[Any]) -> tuple[list[Any], list[Any]]:

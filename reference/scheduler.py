@@ -110,8 +110,6 @@ class Scheduler:
         # The book's transitions (and the policy's rules under them) on this config,
         # compiled from the formulas the proofs check: see spec/kernel.py.
         self.kernel = compile_kernel(self.policy, self.params)
-        # Asked once per scheduled request: looked up once.
-        self._kernel_take = self.kernel.take
         # The spec's charge and C(q) per q, for the contract check of every step.
         self._per_q: dict[int, tuple[int, int, int]] = {}
         self.check: CheckMode = check
@@ -467,7 +465,7 @@ class Scheduler:
     def _take(self, step: _Step, request_id: str, q: int) -> bool:
         """Schedule ``q >= 1`` tokens of ``request_id``: the policy's charge, and the
         book's entry of it. Returns whether the step's budgets are then exhausted."""
-        step.token_budget, step.input_budget, exhausted = self._kernel_take(
+        step.token_budget, step.input_budget, exhausted = self.kernel.take(
             step.token_budget, step.input_budget, q
         )
         step.scheduled[request_id] = q
