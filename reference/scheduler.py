@@ -213,8 +213,6 @@ class Scheduler:
         state.finished_since_step = []
         # The step's own dicts and lists die with the call: the state keeps them, the
         # record gets copies (so that no consumer of the record can reach the state).
-        state.last_scheduled = scheduled
-        state.last_spec = step.spec
         state.last_padded = step.padded
         if self.async_scheduling:
             self.observed["async_in_flight"] += bool(state.in_flight)
@@ -559,7 +557,7 @@ class Scheduler:
             if status is not None:
                 self._finish(rid, status)
         if step == last:
-            state.last_scheduled, state.last_spec, state.last_padded = {}, {}, []
+            state.last_padded = []
 
     def _update_draft_token_ids(self, event: DraftProposals) -> None:
         """``Scheduler.update_draft_token_ids``: a request mid-prefill drops its drafts."""

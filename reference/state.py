@@ -86,9 +86,6 @@ class SchedulerState:
     picked by ``(priority, arrival_time, request_id)``, as vLLM's heap orders it."""
     finished_since_step: list[str] = field(default_factory=list)
     """vLLM's ``finished_req_ids``: finished since the last ScheduleStep."""
-    last_scheduled: dict[str, int] = field(default_factory=dict)
-    last_spec: dict[str, int] = field(default_factory=dict)
-    """Draft tokens scheduled for verification in the last step, placeholders included."""
     last_padded: list[str] = field(default_factory=list)
     """Requests whose last-step spec tokens were padding placeholders, not real drafts."""
     in_flight: dict[int, StepInFlight] = field(default_factory=dict)
