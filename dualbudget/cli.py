@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from dualbudget.reference.workload import PRESETS
 from dualbudget.spec.contract import CONTRACT_IDS
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(run="dualbudget.reference.replay:replay")
 
     workload = sub.add_parser("workload", help="write a seeded synthetic workload scenario")
-    workload.add_argument("name", help="a preset: dspark-bench, chat-poisson, long-prompts")
+    workload.add_argument("name", help=f"a preset: {', '.join(PRESETS)}")
     workload.add_argument("--seed", type=int, default=0)
     workload.add_argument("--profile", choices=PROFILE_NAMES, help="override the preset's")
     workload.add_argument("--out", metavar="FILE", help="default: standard output")

@@ -43,6 +43,10 @@ STANDARD_WORKLOADS = (
     ("long-prompts", "low concurrency, long prompts"),
     ("dspark-bench", "high concurrency, short prompts, the DSpark preset"),
     ("chat-poisson", "mixed, trace-shaped (Poisson arrivals, lognormal chat lengths)"),
+    (
+        "chat-system-prompt",
+        "chat with a shared system prompt and follow-up turns, prefix caching on",
+    ),
 )
 
 REPORT_PROFILES = (*DEFAULT_PROFILES, *PROPOSAL_NAMES)

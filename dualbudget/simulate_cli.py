@@ -25,6 +25,7 @@ from dualbudget.reference.scenario import (
     parse_config,
     validate,
 )
+from dualbudget.reference.scheduler import PREFIX_OBSERVED
 from dualbudget.reference.simulate import (
     CALIBRATIONS,
     DEFAULT_CALIBRATION,
@@ -38,7 +39,7 @@ from dualbudget.reference.simulate import (
     to_json,
 )
 from dualbudget.reference.trace import read_trace, scenario_from_trace
-from dualbudget.reference.workload import preset
+from dualbudget.reference.workload import PRESETS, preset
 from dualbudget.spec.errors import BadInput
 
 TIME_NOTE = (
@@ -58,6 +59,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a recorded dualbudget trace: its config, arrivals and measured acceptance",
     )
     p.add_argument("--seed", type=int, default=0, help="the preset's seed")
+    cached = ", ".join(name for name, w in PRESETS.items() if w.config.enable_prefix_caching)
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        help="vLLM's prefix caching on or off (default: the workload's own setting, off"
+        f" unless it says otherwise; presets with it on: {cached}; the report's first"
+        " line says which holds)",
+    )
     p.add_argument("--profile", action="append", help="repeatable; default: 0.32, 0.33, dual")
     p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
     p.add_argument("--max-num-seqs", type=int, metavar="N")
@@ -85,9 +94,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_workload(args: argparse.Namespace) -> tuple[str, Scenario]:
     """The workload's name and scenario, with the engine overrides applied."""
+    prefix_caching: bool | None = getattr(args, "enable_prefix_caching", None)
     if getattr(args, "trace", None):
         trace = read_trace(args.trace)
         name, scenario = str(args.trace), scenario_from_trace(trace, "dual", args.seed)
+        caching = (
+            scenario.config.enable_prefix_caching if prefix_caching is None else prefix_caching
+        )
+        if caching and any(r.prompt_token_ids is None for r in scenario.requests):
+            # The driver would give each request ids of its own: no hit, silently.
+            raise BadInput(
+                f"--trace {args.trace}: prefix caching is on, but the trace's requests carry"
+                " no token ids, so a what-if cannot reproduce its hits; simulate it with"
+                " --no-enable-prefix-caching"
+            )
     elif args.scenario:
         name, scenario = str(args.scenario), load_scenario(args.scenario)
     else:
@@ -95,7 +115,11 @@ def load_workload(args: argparse.Namespace) -> tuple[str, Scenario]:
         scenario = preset(name).scenario(args.seed)
         name = f"{name} (seed {args.seed})"
     return name, with_overrides(
-        scenario, args.max_num_batched_tokens, args.max_num_seqs, args.speculative_config
+        scenario,
+        args.max_num_batched_tokens,
+        args.max_num_seqs,
+        args.speculative_config,
+        prefix_caching,
     )
 
 
@@ -104,6 +128,7 @@ def with_overrides(
     max_num_batched_tokens: int | None,
     max_num_seqs: int | None,
     speculative_config: str | None,
+    enable_prefix_caching: bool | None = None,
 ) -> Scenario:
     config = config_to_json(scenario.config)
     if max_num_batched_tokens is not None:
@@ -116,6 +141,8 @@ def with_overrides(
         except json.JSONDecodeError as err:
             raise BadInput(f"--speculative-config: malformed JSON: {err.msg}") from None
         config["speculative_config"] = spec
+    if enable_prefix_caching is not None:
+        config["enable_prefix_caching"] = enable_prefix_caching
     return validate(replace(scenario, config=parse_config(config)))
 
 
@@ -264,6 +291,9 @@ def table_rows(results: Sequence[SimResult], model: StepTimeModel) -> list[list[
             "ratio steps",
             "ratio tok/s",
             "ratio TTFT",
+            "prefix hit tokens / prompt",
+            "requests with a hit",
+            *PREFIX_OBSERVED,
             "contract",
         ]
     ]
@@ -291,10 +321,25 @@ def table_rows(results: Sequence[SimResult], model: StepTimeModel) -> list[list[
                 f"{ratio['steps']:.3f}",
                 f"{ratio['output_tokens_per_s']:.3f}",
                 f"{ratio['ttft_s_mean']:.3f}",
+                *prefix_cells(r),
                 broken or "ok",
             ]
         )
     return rows
+
+
+def prefix_cells(result: SimResult) -> list[str]:
+    """The table's prefix-cache cells: hit tokens over prompt tokens, requests with a hit
+    over requests admitted, then each of the scheduler's counters (``PREFIX_OBSERVED``);
+    ``off`` without prefix caching."""
+    if not result.prefix_caching:
+        return ["off"] * (2 + len(PREFIX_OBSERVED))
+    stats = result.prefix
+    return [
+        f"{stats.hit_tokens} / {stats.prompt_tokens} ({100 * stats.hit_rate:.1f}%)",
+        f"{stats.requests_with_hit} / {stats.requests}",
+        *(str(stats.events[name]) for name in PREFIX_OBSERVED),
+    ]
 
 
 def print_report(
@@ -309,7 +354,8 @@ def print_report(
     print(
         f"workload: {name}: {len(scenario.requests)} requests,"
         f" B={config.max_num_batched_tokens}, max_num_seqs={config.max_num_seqs},"
-        f" speculative_config={config_to_json(config).get('speculative_config')}",
+        f" speculative_config={config_to_json(config).get('speculative_config')},"
+        f" enable_prefix_caching={config.enable_prefix_caching}",
         file=out,
     )
     print(

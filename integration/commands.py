@@ -168,6 +168,11 @@ SHORT_EVENT_NAMES = {
     "stale_output": "stale",
     "in_flight_max_tokens_skip": "max-tok-skip",
     "natural_stop": "stop",
+    "prefix_hit": "hit",
+    "full_prefix_hit": "full-hit",
+    "cached_block_evicted": "evicted",
+    "hit_on_running_block": "hit-running",
+    "resume_rehit": "rehit",
 }
 """The coverage table's column heads."""
 

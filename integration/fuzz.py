@@ -29,6 +29,7 @@ from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Semaphore
 from pathlib import Path
 
+from dualbudget.reference.prefix_cache import HitRule
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.profiles import profile_named
@@ -91,7 +92,19 @@ __all__ = [
 #   ngram-parallel under 0.33 (its V1 runner refuses async ngram and its V2 runner
 #   parallel drafting); 0.33 runs plain ngram async under V2, as the live adapter builds it.
 # - natural_stop: every aim draws stop tokens among the outputs, sync and async.
-# A layout/event pair proven unreachable would be left out here, with its reason.
+# - prefix_hit, hit_on_running_block, cached_block_evicted, resume_rehit: the ``prefix``
+#   aim runs with prefix caching (sync and async, as every aim draws them) and prompts
+#   that share prefixes (``prompts.PROMPT_KINDS``): a repeat or a later turn admitted
+#   while the earlier request runs hits the blocks it holds (vLLM caches a block when
+#   it allocates it, so the same step's admissions hit it too); its small pool hands
+#   cached free blocks out again and preempts requests that resume on their own cached
+#   blocks. Every other aim runs with prefix caching off.
+# - full_prefix_hit: half the prefix aim's prompts are cut to n * block_size + 1 tokens,
+#   the length whose hit vLLM caps at num_tokens - 1. Not under 0.32 for the drafters whose
+#   hits drop the last hit block (``prefix_cache.HitRule.drop_last_block``: eagle,
+#   p-eagle, dflash, dspark): their hit is at most num_tokens - 1 - block_size, never a
+#   full one.
+# A layout/event pair proven unreachable is left out here, with its reason.
 # Every row of the method table is fuzzed: vLLM builds each from config-only folders
 # (mtp, which needs an MTP target checkpoint, and suffix, which needs arctic-inference,
 # are not rows; see docs/vllm-environments.md).
@@ -101,9 +114,12 @@ ASYNC_ONLY_EVENTS = ("async_in_flight", "stale_output", "in_flight_max_tokens_sk
 def required_events(layout: str, release: str) -> tuple[str, ...]:
     """The gate's events for ``layout`` under the release whose tables the profile reads."""
     spec = SpeculativeConfig.for_layout(layout_named(layout), 1)
-    return tuple(
-        e for e in COVERAGE_EVENTS if e not in ASYNC_ONLY_EVENTS or runs_async(spec, release)
-    )
+    unreachable: set[str] = set()
+    if not runs_async(spec, release):
+        unreachable.update(ASYNC_ONLY_EVENTS)
+    if HitRule.of(release, spec.method).drop_last_block:
+        unreachable.add("full_prefix_hit")
+    return tuple(e for e in COVERAGE_EVENTS if e not in unreachable)
 
 
 STATEFUL_STEP_COUNT = 80
@@ -118,8 +134,8 @@ def unit_seed(seed: int, layout: str, aim: str) -> int:
 def shares(examples: int, layouts: list[str]) -> list[tuple[str, str, int]]:
     """``examples`` split into (layout, aim, n), n > 0: layouts evenly (the first ones take
     the remainder); a layout's part over ``AIMS`` by weight, each aim at least one and
-    ``mixed`` the rest, or, for a part smaller than ``len(AIMS)``, one each in ``AIMS``
-    order."""
+    ``mixed`` the rest (one of the largest part when the weights split it exactly), or,
+    for a part smaller than ``len(AIMS)``, one each in ``AIMS`` order."""
     units: list[tuple[str, str, int]] = []
     base, extra = divmod(examples, len(layouts))
     total_weight = sum(aim.weight for aim in AIMS.values())
@@ -133,12 +149,18 @@ def shares(examples: int, layouts: list[str]) -> list[tuple[str, str, int]]:
             for name, aim in AIMS.items():
                 if name != "mixed":
                     parts[name] = max(1, share * aim.weight // total_weight)
-            if share - sum(parts.values()) < 1:
+            rest = share - sum(parts.values())
+            largest = max(parts, key=parts.__getitem__)
+            if rest == 0 and parts[largest] > 1:
+                # The weights split the share exactly: mixed takes one of the largest part.
+                parts[largest] -= 1
+                parts["mixed"] = 1
+            elif rest < 1:
                 # The weights' floors of one took it all: one each, the rest to mixed.
                 parts = dict.fromkeys(AIMS, 1)
                 parts["mixed"] = share - (len(AIMS) - 1)
             else:
-                parts["mixed"] = share - sum(parts.values())
+                parts["mixed"] = rest
         units += [(layout, name, n) for name, n in parts.items() if n > 0]
     return units
 

@@ -3,19 +3,23 @@
 
 From an ``EngineConfig`` this builds vLLM's own config objects (``ModelConfig`` over a
 folder holding only a small ``config.json``, ``SchedulerConfig``, ``CacheConfig`` with
-prefix caching off, a real ``SpeculativeConfig``, ``VllmConfig``) and a ``KVCacheConfig``
-of ``num_gpu_blocks`` blocks in one full-attention group, then vLLM's ``Scheduler``. It
-answers the same events as the reference (``reference.events``) with the same
-``StepRecord``s, by calling only vLLM's public scheduler API:
+the config's ``enable_prefix_caching``, a real ``SpeculativeConfig``, ``VllmConfig``) and
+a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks in one full-attention group, then vLLM's
+``Scheduler``. It answers the same events as the reference (``reference.events``) with
+the same ``StepRecord``s, by calling only vLLM's public scheduler API:
 
-- ``AddRequest``     -> ``Scheduler.add_request(Request(...))`` with ``prompt_len`` dummy
-                        prompt tokens and ``SamplingParams(max_tokens, ignore_eos=True,
-                        stop_token_ids=[STOP_TOKEN])``;
+- ``AddRequest``     -> ``Scheduler.add_request(Request(...))`` with the event's
+                        ``prompt_token_ids`` (``prompt_len`` dummy ones when it has none)
+                        and ``SamplingParams(max_tokens, ignore_eos=True,
+                        stop_token_ids=[STOP_TOKEN])``; with prefix caching on, the
+                        request hashes its blocks with vLLM's own block hasher, as the
+                        engine's requests do (``request_block_hasher``);
 - ``ScheduleStep``   -> ``Scheduler.schedule()``, read back into a ``StepRecord``;
 - ``ModelOutput``    -> ``Scheduler.update_from_output`` for the step it answers, with a
-                        ``ModelRunnerOutput`` of ``num_sampled`` dummy tokens per
-                        scheduled request, the ``stopped``-th of them ``STOP_TOKEN`` (so
-                        that vLLM's own ``check_stop`` finishes the request);
+                        ``ModelRunnerOutput`` of the event's ``token_ids`` per scheduled
+                        request, or ``num_sampled`` dummy ids, the ``stopped``-th of them
+                        ``STOP_TOKEN`` (so that vLLM's own ``check_stop`` finishes the
+                        request);
 - ``DraftProposals`` -> ``Scheduler.update_draft_token_ids(DraftTokenIds(...))``;
 - ``Abort``          -> ``Scheduler.finish_requests(id, FINISHED_ABORTED)``.
 
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dualbudget.reference import token_ids
 from dualbudget.reference.events import (
     Abort,
     AddRequest,
@@ -61,13 +66,15 @@ from dualbudget.spec.policies import StepParams
 # vLLM needs these before its first import (docs/vllm-environments.md).
 ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 
-# Token ids fed to vLLM: none is special (eos is 2 in the config below, and ignore_eos is
-# set anyway) but STOP_TOKEN, every request's stop token (a natural stop); their values
-# never matter to the budgets.
+# Token ids fed to vLLM when the events carry none (prefix caching off): none is special
+# (eos is 2 in the config below, and ignore_eos is set anyway) but STOP_TOKEN, every
+# request's stop token (a natural stop), the one the driver's ids stop on too; their
+# values never matter to the budgets. Drafts never enter a block hash (vLLM hashes only
+# a request's tokens, never its spec tokens), so their ids are always the dummy.
 PROMPT_TOKEN = 11
 SAMPLED_TOKEN = 12
 DRAFT_TOKEN = 13
-STOP_TOKEN = 14
+STOP_TOKEN = token_ids.STOP_TOKEN_ID
 
 # A tiny Llama: vLLM only reads the config, never weights. Head size 32 is one the CPU
 # attention backend accepts.
@@ -79,7 +86,7 @@ _TARGET_CONFIG: dict[str, Any] = {
     "num_attention_heads": 2,
     "num_key_value_heads": 2,
     "num_hidden_layers": 2,
-    "vocab_size": 1000,
+    "vocab_size": token_ids.VOCAB_SIZE,
     "max_position_embeddings": 1 << 17,
     "rms_norm_eps": 1e-6,
     "torch_dtype": "bfloat16",
@@ -289,7 +296,9 @@ def _build_vllm_config(config: EngineConfig, runner_v2: bool | None) -> Any:
                 is_encoder_decoder=False,
             )
             cache_config = CacheConfig(
-                block_size=config.block_size, cache_dtype="auto", enable_prefix_caching=False
+                block_size=config.block_size,
+                cache_dtype="auto",
+                enable_prefix_caching=config.enable_prefix_caching,
             )
             cache_config.num_gpu_blocks = config.num_gpu_blocks
             speculative_config = None
@@ -348,6 +357,25 @@ def step_record_of(step: int, output: Any, params: StepParams) -> StepRecord:
         target_tokens=sum(scheduled.values()),
         draft_rows=sum(int(params.draft_rows(q)) for q in scheduled.values()),
     )
+
+
+def request_block_hasher(vllm_config: Any, block_size: int) -> Any:
+    """The block hasher vLLM's engine gives every ``Request`` it makes (``EngineCore``:
+    the config's hash algorithm, and in 0.33 ``num_hash_lookahead_tokens`` past each
+    block for the drafters that need it), or None with prefix caching off (the engine
+    then gives none). Without it a request's ``block_hashes`` stay empty: no hit, ever."""
+    if not vllm_config.cache_config.enable_prefix_caching:
+        return None
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    # 0.32 has no lookahead hashes (its eagle drafters drop the last hit block instead).
+    lookahead = getattr(vllm_config, "num_hash_lookahead_tokens", None)
+    if lookahead is None:
+        return get_request_block_hasher(block_size, hash_fn)
+    return get_request_block_hasher(block_size, hash_fn, int(lookahead))
 
 
 class SchedulerClassError(BadInput):
@@ -463,6 +491,7 @@ class LiveScheduler:
         self.params = StepParams.of(config)
         self.num_steps = 0
         self.async_scheduling = config.async_scheduling
+        self.block_hasher = request_block_hasher(self.vllm_config, config.block_size)
         self._pending: dict[int, Any] = {}
         """The SchedulerOutputs whose ModelOutput has not come yet, by step."""
 
@@ -504,15 +533,17 @@ class LiveScheduler:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
+        ids = event.prompt_token_ids
         request = Request(
             request_id=event.request_id,
-            prompt_token_ids=[PROMPT_TOKEN] * event.prompt_len,
+            prompt_token_ids=[PROMPT_TOKEN] * event.prompt_len if ids is None else list(ids),
             sampling_params=SamplingParams(
                 max_tokens=event.max_tokens, ignore_eos=True, stop_token_ids=[STOP_TOKEN]
             ),
             pooling_params=None,
             arrival_time=event.arrival_time,
             priority=event.priority,
+            block_hasher=self.block_hasher,
         )
         self.scheduler.add_request(request)
 
@@ -538,11 +569,14 @@ class LiveScheduler:
         if unknown:
             raise LiveEventError(f"model output for {sorted(unknown)}, not scheduled")
         req_ids = list(output.num_scheduled_tokens)
+        ids = event.token_ids
         runner_output = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=[
-                _sampled_tokens(event.num_sampled.get(rid, 0), event.stopped.get(rid, 0))
+                list(ids[rid])
+                if rid in ids
+                else _sampled_tokens(event.num_sampled.get(rid, 0), event.stopped.get(rid, 0))
                 for rid in req_ids
             ],
         )

@@ -264,10 +264,27 @@ class Lockstep:
         return self.reference.state
 
     # -- what the caller does -----------------------------------------------------------
-    def add(self, prompt_len: int, max_tokens: int, priority: int = 0) -> str:
-        """A request arriving before the next step; returns its id."""
+    def add(
+        self,
+        prompt_len: int,
+        max_tokens: int,
+        priority: int = 0,
+        prompt_token_ids: tuple[int, ...] | None = None,
+    ) -> str:
+        """A request arriving before the next step; returns its id. ``prompt_token_ids``
+        matter only with prefix caching on (the driver then makes ids for a prompt with
+        none)."""
         rid = str(len(self.driver.requests))
-        self.driver.add(RequestSpec(rid, prompt_len, max_tokens, self.driver.step, priority))
+        self.driver.add(
+            RequestSpec(
+                rid,
+                prompt_len,
+                max_tokens,
+                self.driver.step,
+                priority,
+                prompt_token_ids=prompt_token_ids,
+            )
+        )
         return rid
 
     def abort(self, rid: str) -> None:

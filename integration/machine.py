@@ -48,6 +48,7 @@ from .lockstep import (
     Lockstep,
     MirroredCrash,
 )
+from .prompts import draw_prompt_ids
 
 MAX_REQUESTS = 14
 """Requests one example adds at most."""
@@ -454,6 +455,41 @@ def lone_config(draw: st.DrawFn, profile: str, layout: str) -> EngineConfig:
     )
 
 
+@st.composite
+def prefix_config(draw: st.DrawFn, profile: str, layout: str) -> EngineConfig:
+    """Prefix caching on, aimed at its five events (``PrefixMachine``): blocks of 2 or 4,
+    so that prompts span several blocks and a hit keeps one even after 0.32's
+    eagle-family drop of the last hit block; a pool of one to 1.5 full requests, so that
+    freed cached blocks are handed out again (evicted) and growing decodes preempt
+    requests that later resume on their own cached blocks (a pool of two to three full
+    requests left some methods without a preemption); a buffer with room for a crowd (a
+    repeat admitted while its original runs hits blocks that one holds), the token
+    budget at most half of it in half the draws (a hit changes how much of a prompt the
+    token budget cuts). Only this aim runs with prefix caching: every other aim's
+    examples stay as they were, with it off (drawing it in ``mixed`` or ``preempt`` as
+    well cost other events their only examples in the seed-1 run)."""
+    k = draw(st.integers(1, 5))
+    _, lookahead = _reserve(profile, layout, k)
+    block_size = draw(st.sampled_from([2, 4]))
+    max_model_len = draw(st.sampled_from([32, 48, 64]))
+    need = cdiv(max_model_len, block_size) + 1
+    low = max(16, lookahead + 2)
+    b = draw(st.integers(low, low + 48))
+    return EngineConfig(
+        max_num_batched_tokens=b,
+        max_num_seqs=draw(st.integers(2, min(8, b))),
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_gpu_blocks=draw(st.integers(need, need + need // 2)),
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=0,
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        max_num_scheduled_tokens=draw(st.one_of(st.none(), st.integers(4, max(4, b // 2)))),
+        speculative_config=_speculative(layout, k),
+        enable_prefix_caching=True,
+    )
+
+
 # -- the machine ----------------------------------------------------------------------------
 class LockstepMachine(RuleBasedStateMachine):
     """The rules and the invariant every aim shares; the draws are those of ``mixed``.
@@ -544,11 +580,15 @@ class LockstepMachine(RuleBasedStateMachine):
         limit = self.lock.config.max_model_len
         late = self.lock.step > 0
         prompt = data.draw(self.prompt_strategy(limit, late), label="prompt_len")
+        ids = None
+        if self.lock.config.enable_prefix_caching:
+            ids = draw_prompt_ids(data, self.lock.config, self.lock.requests, prompt)
+            prompt = len(ids)
         output = data.draw(self.output_strategy(limit), label="max_tokens")
         priority = 0
         if self.lock.config.scheduling_policy == "priority":
             priority = data.draw(self.priority_strategy(late), label="priority")
-        self.lock.add(prompt, output, priority)
+        self.lock.add(prompt, output, priority, ids)
 
     @precondition(lambda self: self.lock is not None and len(self.lock.requests) < MAX_REQUESTS)
     @rule(data=st.data())
@@ -760,6 +800,31 @@ class LoneMachine(LockstepMachine):
         return st.integers(self.lock.config.long_prefill_token_threshold + 1, limit - 1)
 
 
+class PrefixMachine(LockstepMachine):
+    """``prefix_config``'s requests: a crowd from the start and, between steps, more
+    arrivals whose prompts share prefixes with those before them (``prompts``), so that
+    repeats and later turns meet their originals still running, finished (their blocks
+    cached and free) or preempted; up to ``requests_high`` of them."""
+
+    initial_requests_low = 2
+    requests_high: ClassVar[int] = 24
+
+    def prompt_strategy(self, limit: int, late: bool) -> st.SearchStrategy[int]:
+        # Several blocks long, now and then most of max_model_len.
+        return st.one_of(st.integers(limit // 4, limit // 2), st.integers(1, limit - 1))
+
+    def output_strategy(self, limit: int) -> st.SearchStrategy[int]:
+        # Short ones finish and free their cached blocks; long ones grow into the pool.
+        return st.one_of(st.integers(1, 8), st.integers(limit // 2, limit))
+
+    def arrive_between_steps(self, lock: Lockstep, data: st.DataObject) -> None:
+        if (
+            len(lock.requests) < self.requests_high
+            and data.draw(st.integers(0, 2), label="shared arrival?") == 0
+        ):
+            self._add(data)
+
+
 ConfigStrategy = Callable[[str, str], st.SearchStrategy[EngineConfig]]
 
 
@@ -780,15 +845,19 @@ AIMS: dict[str, Aim] = {
     "padded": Aim(padded_config, PaddedMachine, 1),
     "refund": Aim(refund_config, RefundMachine, 3),
     "token": Aim(token_config, TokenMachine, 1),
-    "edge": Aim(edge_config, EdgeMachine, 2),
+    "edge": Aim(edge_config, EdgeMachine, 3),
     "lone": Aim(lone_config, LoneMachine, 1),
+    "prefix": Aim(prefix_config, PrefixMachine, 3),
 }
 """The aims, in the order of a layout's units; ``mixed`` takes the rest of a share, so its
 weight only counts in the total (12: when ``lone`` came and ``edge`` went from 1 to 2,
-mixed's 2 went to them and every other aim kept its part). A weight of 1 is one example
-per method at 200 over nine methods: only Hypothesis' first, simplest example, which
-for ``edge`` never reaches the padding boundary (``lone``'s does reach its own); at 2,
-``edge`` runs three, and they kill the padding rule's five mutants (docs/mutate.md)."""
+mixed's 2 went to them and every other aim kept its part; 16 since ``prefix`` came with 3
+and ``edge`` went to 3, so that both run four examples per method at 200). A weight of 1
+is one example per method at 200 over nine methods: only Hypothesis' first, simplest
+example, which for ``edge`` never reaches the padding boundary (``lone``'s does reach
+its own); ``edge`` needs three to kill the padding rule's five mutants (docs/mutate.md),
+and ``prefix`` at three (weight 2) left a method's token budget or resume re-hit at zero
+now and then."""
 
 
 def machine_for(run: UnitRun) -> type[LockstepMachine]:

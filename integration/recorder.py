@@ -14,7 +14,10 @@ scheduling (vLLM's default for model-based drafters on GPUs) select
 which class was used, the engine config (``async_scheduling`` included) and every setting
 of ``reference/settings.py``, read from the live vLLM config. Each model output names the
 step it answers and the requests vLLM stopped on EOS or a stop token
-(``FINISHED_STOPPED``), with the tokens each kept.
+(``FINISHED_STOPPED``), with the tokens each kept. Under prefix caching each request's
+``add_request`` carries vLLM's block hashes of its prompt (``Request.block_hashes``, as hex)
+and each model output the hashes every request gained in that update, so that replay
+reproduces every hit from vLLM's own hashes without a token id in the trace.
 
 The recorder only reads: every call goes to vLLM's own method unchanged, and what it
 writes is taken from the arguments and results (``tests/test_recorder_live.py`` runs one
@@ -79,6 +82,7 @@ def engine_config_of(vllm_config: Any, num_gpu_blocks: int, async_scheduling: bo
         max_num_scheduled_tokens=sched.max_num_scheduled_tokens,
         speculative_config=speculative,
         async_scheduling=async_scheduling,
+        enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
     )
 
 
@@ -101,6 +105,11 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
             None if per_batch is None else [[int(n) for n in row] for row in per_batch]
         ),
         "num_nextn_predict_layers": nextn,
+        "disable_eagle_block_drop": bool(getattr(spec, "disable_eagle_block_drop", False)),
+        # 0.33 only: 0.32 has no lookahead block hashes to disable.
+        "disable_lookahead_block_hashes": bool(
+            getattr(spec, "disable_lookahead_block_hashes", False)
+        ),
         "kv_cache_groups": [
             type(group.kv_cache_spec).__name__ for group in kv_cache_config.kv_cache_groups
         ],
@@ -108,6 +117,11 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
     }
     assert tuple(values) == ENGINE_SETTINGS, "settings_of must follow reference/settings.py"
     return values
+
+
+def _hex(block_hashes: Any) -> tuple[str, ...]:
+    """vLLM's block hashes (bytes) as the trace keeps them."""
+    return tuple(bytes(h).hex() for h in block_hashes)
 
 
 def _notes() -> dict[str, Any]:
@@ -126,6 +140,7 @@ class _Recording:
 
     _trace: TraceWriter
     _params: StepParams
+    _prefix_caching: bool
     _steps: int
     _step_of: dict[int, int]
     """Step index by ``id`` of the SchedulerOutput, until its model output arrives (under
@@ -154,6 +169,7 @@ class _Recording:
             notes=_notes(),
         )
         self._params = StepParams.of(config)
+        self._prefix_caching = config.enable_prefix_caching
         self._steps = 0
         self._step_of = {}
         # The writer keeps the file a complete trace after every entry, so an engine
@@ -168,8 +184,12 @@ class _Recording:
                 max_tokens=int(request.max_tokens),
                 priority=int(request.priority),
                 arrival_time=float(request.arrival_time),
+                block_hashes=_hex(request.block_hashes) if self._prefix_caching else None,
             ),
-            settings={"structured_outputs": request.structured_output_request is not None},
+            settings={
+                "structured_outputs": request.structured_output_request is not None,
+                "skip_reading_prefix_cache": bool(request.skip_reading_prefix_cache),
+            },
         )
 
     def _record_step(self, output: Any) -> None:
@@ -188,7 +208,25 @@ class _Recording:
             for rid in scheduler_output.num_scheduled_tokens
         }
 
-    def _record_output(self, scheduler_output: Any, sampled: dict[str, int], result: Any) -> None:
+    def _hashed(self, scheduler_output: Any) -> dict[str, tuple[Any, int]]:
+        """Each scheduled request and how many block hashes it holds, read before vLLM's
+        update_from_output appends the sampled tokens (and frees a finished request)."""
+        if not self._prefix_caching:
+            return {}
+        requests = self.requests  # type: ignore[attr-defined]  # vLLM's Scheduler's
+        return {
+            str(rid): (requests[rid], len(requests[rid].block_hashes))
+            for rid in scheduler_output.num_scheduled_tokens
+            if rid in requests
+        }
+
+    def _record_output(
+        self,
+        scheduler_output: Any,
+        sampled: dict[str, int],
+        hashed: dict[str, tuple[Any, int]],
+        result: Any,
+    ) -> None:
         from vllm.v1.engine import FinishReason
 
         # vLLM's check_stop finishes a request on EOS or a stop token as FINISHED_STOPPED
@@ -202,7 +240,16 @@ class _Recording:
             and str(out.request_id) in sampled
         }
         step = self._step_of.pop(id(scheduler_output), None)
-        self._trace.write(ModelOutput(sampled, stopped, step))
+        # What each request's block_hashes gained (vLLM hashes a block once it is full),
+        # for every request that sampled: the replay's pool keys on exactly these. One
+        # vLLM no longer held when its output came (aborted meanwhile) gained none.
+        gained = {}
+        if self._prefix_caching:
+            for rid, n in sampled.items():
+                if n > 0:
+                    request, before = hashed.get(rid, (None, 0))
+                    gained[rid] = () if request is None else _hex(request.block_hashes[before:])
+        self._trace.write(ModelOutput(sampled, stopped, step, block_hashes=gained))
 
     def _record_drafts(self, draft_token_ids: Any) -> None:
         self._trace.write(
@@ -251,8 +298,9 @@ def _build(base_path: str) -> type:
 
         def update_from_output(self, scheduler_output: Any, runner_output: Any) -> Any:
             sampled = self._sampled(scheduler_output, runner_output)
+            hashed = self._hashed(scheduler_output)
             result = super().update_from_output(scheduler_output, runner_output)
-            self._record_output(scheduler_output, sampled, result)
+            self._record_output(scheduler_output, sampled, hashed, result)
             return result
 
         def update_draft_token_ids(self, draft_token_ids: Any) -> None:

@@ -5,7 +5,10 @@ made by the reference's ``EventDriver``, in lockstep (``lockstep.live_records``)
 to a real vLLM scheduler of the recording class (``recorder.RecordingScheduler``, or
 ``RecordingAsyncScheduler`` when the scenario's config asks for async scheduling, where
 step n+1 is scheduled before step n's output is applied); what vLLM decided lands in the
-trace, and ``dualbudget replay`` then checks it against the reference.
+trace, and ``dualbudget replay`` then checks it against the reference. With the scenario's
+``enable_prefix_caching`` on, the events carry token ids and vLLM's requests hash their
+blocks with vLLM's own hasher (``live.request_block_hasher``), so the trace holds vLLM's
+block hashes, not the reference's: its replay takes every hit from them.
 """
 
 from __future__ import annotations

@@ -15,6 +15,12 @@ tables, ``ScenarioDraws``, or a caller's draws, such as the fuzz's), and the dri
 what it drew, so that any run can be written back as a scenario with explicit tables
 (``EventDriver.scenario``) that replays it event for event.
 
+With ``enable_prefix_caching`` on, the events carry token ids (``reference.token_ids``):
+each ``AddRequest`` its request's ``prompt_token_ids`` (ids of its own when it has none),
+each ``ModelOutput`` the ids every request that sampled sampled, the stop token where it
+stopped. They follow from the requests and the draws alone, so a scenario written back
+replays them too. With it off the events carry none (token ids never move a budget).
+
 ``drive`` runs a driver to the end against a reference and any other consumers::
 
     for step in drive(EventDriver.of(scenario), reference, live):
@@ -40,6 +46,7 @@ from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, Sched
 from .scenario import Acceptance, Drafts, RequestSpec, Scenario
 from .scheduler import Scheduler
 from .state import SchedulerState
+from .token_ids import sampled_token_ids, unique_prompt
 from .violations import CheckMode
 
 
@@ -192,6 +199,8 @@ class EventDriver:
         self.stops: dict[int, dict[str, int]] = {}
         """What ``draws`` answered, per step and request (zeros left out)."""
         self.async_scheduling = config.async_scheduling
+        self.prefix_caching = config.enable_prefix_caching
+        """Whether the events carry token ids (``reference.token_ids``)."""
         self.pending: ModelOutput | None = None
         """Async scheduling: the last step's output, fed after the next ScheduleStep."""
         self._draw_stop = draws.stopped if isinstance(draws, StopDraws) else None
@@ -299,13 +308,8 @@ class EventDriver:
         scenario whose acceptance and draft tables are what was drawn."""
         last = max(self.step, self._last_event_step) if upto_step is None else upto_step
         requests = tuple(
-            RequestSpec(
-                r.id,
-                r.prompt_len,
-                r.max_tokens,
-                r.arrival_step,
-                r.priority,
-                self.aborts[r.id] if self.aborts.get(r.id, last + 1) <= last else None,
+            dataclasses.replace(
+                r, abort_step=self.aborts[r.id] if self.aborts.get(r.id, last + 1) <= last else None
             )
             for r in self.requests
             if r.arrival_step <= last
@@ -330,6 +334,9 @@ class EventDriver:
         """The arrivals and aborts due before step ``self.step``, then its ScheduleStep."""
         events: list[Event] = []
         for request in self._arrivals.get(self.step, ()):
+            ids = request.prompt_token_ids if self.prefix_caching else None
+            if self.prefix_caching and ids is None:
+                ids = unique_prompt(request.id, request.prompt_len)
             events.append(
                 AddRequest(
                     request.id,
@@ -338,6 +345,7 @@ class EventDriver:
                     request.priority,
                     # Arrival order as vLLM's arrival_time: priority ties break on it.
                     float(self._added),
+                    prompt_token_ids=ids,
                 )
             )
             self._added += 1
@@ -392,7 +400,16 @@ class EventDriver:
                 self.proposed[step] = row
             proposals = DraftProposals(num_drafts)
         self._note_stall(record, state)
-        output = ModelOutput(num_sampled, stopped, step if self.async_scheduling else None)
+        token_ids: dict[str, tuple[int, ...]] = {}
+        if self.prefix_caching:
+            token_ids = {
+                rid: sampled_token_ids(rid, n, stopped.get(rid, 0))
+                for rid, n in num_sampled.items()
+                if n > 0
+            }
+        output = ModelOutput(
+            num_sampled, stopped, step if self.async_scheduling else None, token_ids=token_ids
+        )
         return DrivenStep(record, before, output, proposals, rejected)
 
     def _note_stall(self, record: StepRecord, state: SchedulerState) -> None:

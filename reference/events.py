@@ -23,6 +23,13 @@ class AddRequest:
     priority: int = 0
     arrival_time: float = 0.0
     """vLLM's ``arrival_time``; priority scheduling breaks ties on it."""
+    prompt_token_ids: tuple[int, ...] | None = None
+    """The prompt's token ids (``len == prompt_len``), for prefix caching: the reference
+    hashes its full blocks itself (``prefix_cache.hash_blocks``)."""
+    block_hashes: tuple[str, ...] | None = None
+    """Instead of ids (a recorded trace): vLLM's hashes of the prompt's full blocks, as
+    opaque strings; only their equality matters. With ``enable_prefix_caching`` every
+    request carries exactly one of the two; without it both are ignored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,12 @@ class ModelOutput:
     step: int | None = None
     """The step this output answers (``StepRecord.step``). Under async scheduling step n+1
     is scheduled before step n's output arrives; None means the last scheduled step."""
+    token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Prefix caching, for a request added with ``prompt_token_ids``: the ids of its
+    sampled tokens (``len == num_sampled``; a stop token at position ``kept - 1``)."""
+    block_hashes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Prefix caching, for a request added with ``block_hashes``: the hashes its
+    ``Request.block_hashes`` gained in this update, as vLLM's request holds them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""KV block accounting for the subset: one full-attention group, prefix caching off.
+"""KV block accounting for the subset: one full-attention group, with or without
+prefix caching.
 
 Mirrors ``KVCacheManager.allocate_slots`` with ``FullAttentionManager``: a request holds
 ``cdiv(min(num_computed + num_new + num_lookahead_tokens, max_model_len), block_size)``
@@ -10,13 +11,21 @@ A waiting request is admitted only if its whole current sequence would fit in th
 blocks (vLLM's ``scheduler_reserve_full_isl``, on by default: ``allocate_slots`` with
 ``full_sequence_must_fit``). That gate checks, it does not reserve: the request still
 takes only the blocks of its first chunk.
+
+One interface, two managers: ``KVCacheManager`` counts blocks (prefix caching off: no
+block has an identity worth keeping), ``PrefixCachingKVCacheManager`` keeps the
+state's ``BlockPool`` (docs/design.md §6); the count decides for both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .prefix_cache import BlockPool, HitRule
 from .state import RequestState, SchedulerState
+
+NO_HIT: tuple[int, ...] = ()
+"""The blocks of no cache hit."""
 
 
 def cdiv(a: int, b: int) -> int:
@@ -30,21 +39,33 @@ def usable_blocks(num_gpu_blocks: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class KVCacheManager:
-    """``KVCacheManager``'s block accounting for one config, on a state's pool."""
+    """``KVCacheManager``'s block accounting for one config, on a state's pool: the
+    block counts alone (prefix caching off)."""
 
     block_size: int
     max_model_len: int
     num_lookahead_tokens: int
 
+    def get_computed_blocks(
+        self, state: SchedulerState, request: RequestState
+    ) -> tuple[tuple[int, ...], int]:
+        """``get_computed_blocks``: a waiting request's cache hit (blocks, tokens)."""
+        return NO_HIT, 0
+
     def allocate_slots(
-        self, state: SchedulerState, request: RequestState, num_new_tokens: int
+        self,
+        state: SchedulerState,
+        request: RequestState,
+        num_new_tokens: int,
+        hit: tuple[int, ...] = NO_HIT,
     ) -> bool:
         """Give ``request`` the blocks it needs to compute ``num_new_tokens`` more
         (``get_num_blocks_to_allocate``: up to ``num_lookahead_tokens`` past them, capped
         at ``max_model_len``, none taken back); False, and no change, if the pool is short.
 
         Asked for every scheduled request of every step, so the arithmetic is written out
-        here. (vLLM also caps ``num_computed_tokens`` at ``max_model_len`` first; with
+        here, and is the one home of it (the caching manager asks it too). (vLLM also
+        caps ``num_computed_tokens`` at ``max_model_len`` first; with
         ``num_new_tokens, num_lookahead_tokens >= 0`` the outer cap makes that a no-op.)"""
         need_slot = request.num_computed_tokens + num_new_tokens + self.num_lookahead_tokens
         if need_slot > self.max_model_len:
@@ -58,14 +79,141 @@ class KVCacheManager:
         request.num_blocks += wanted
         return True
 
-    def full_sequence_fits(self, state: SchedulerState, request: RequestState) -> bool:
+    def full_sequence_fits(
+        self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
+    ) -> bool:
         """The ``full_sequence_must_fit`` gate of ``allocate_slots`` for a waiting request:
         ``cdiv(min(num_tokens, max_model_len), block_size)`` blocks (lookahead not counted)."""
         full = min(request.num_tokens, self.max_model_len)
         return max(cdiv(full, self.block_size) - request.num_blocks, 0) <= state.free_blocks
 
-    @staticmethod
-    def free(state: SchedulerState, request: RequestState) -> None:
+    def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
+        """``cache_blocks``: nothing to cache without prefix caching."""
+
+    def free(self, state: SchedulerState, request: RequestState) -> None:
         """``free``: every block of ``request`` goes back to the pool."""
         state.free_blocks += request.num_blocks
         request.num_blocks = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCachingKVCacheManager(KVCacheManager):
+    """``KVCacheManager`` with ``enable_caching``: the blocks of ``state.block_pool``
+    by id. A request's blocks are ``request.block_ids`` (``request.num_blocks`` their
+    count) and ``state.free_blocks`` is the free queue's length, so the count decides
+    every allocation as without caching, and the pool then carries it out."""
+
+    rule: HitRule
+    observed: dict[str, int]
+    """The scheduler's ``observed``: the pool's events are counted there."""
+
+    @staticmethod
+    def pool(state: SchedulerState) -> BlockPool:
+        pool = state.block_pool
+        assert pool is not None, "prefix caching runs on a state with a block pool"
+        return pool
+
+    def get_computed_blocks(
+        self, state: SchedulerState, request: RequestState
+    ) -> tuple[tuple[int, ...], int]:
+        """``find_longest_cache_hit``: the longest run of cached blocks from the first,
+        within ``num_tokens - 1`` (the last token is recomputed for its logits); with
+        ``drop_last_block`` the last of them is recomputed too."""
+        pool, block_size = self.pool(state), self.block_size
+        hashes = request.block_hashes or ()
+        limit = min((request.num_tokens - 1) // block_size, len(hashes))
+        blocks: list[int] = []
+        for index in range(limit):
+            block = pool.get_cached_block(hashes[index])
+            if block is None:
+                break
+            blocks.append(block)
+        if self.rule.drop_last_block and blocks:
+            blocks.pop()
+        return tuple(blocks), len(blocks) * block_size
+
+    def full_sequence_fits(
+        self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
+    ) -> bool:
+        """The count's gate, the hit's blocks held and its free ones taken (a touch
+        takes them off the free queue): ``get_num_blocks_to_allocate``'s evictable."""
+        evictable = self.pool(state).num_evictable(hit)
+        request.num_blocks += len(hit)
+        state.free_blocks -= evictable
+        fits = KVCacheManager.full_sequence_fits(self, state, request)
+        request.num_blocks -= len(hit)
+        state.free_blocks += evictable
+        return fits
+
+    def allocate_slots(
+        self,
+        state: SchedulerState,
+        request: RequestState,
+        num_new_tokens: int,
+        hit: tuple[int, ...] = NO_HIT,
+    ) -> bool:
+        """The count decides, the hit counted as computed and held and its free blocks
+        as taken; then the pool touches the hit, hands out the new blocks (evicting
+        their hashes), and caches every full block of the tokens computed by the end of
+        the step (never a draft or lookahead slot: ``min(computed + new, num_tokens)``,
+        within the hashes the request has)."""
+        pool, block_ids = self.pool(state), request.block_ids
+        evictable = pool.num_evictable(hit)
+        hit_tokens = len(hit) * self.block_size
+        held = len(block_ids) + len(hit)
+        request.num_computed_tokens += hit_tokens
+        request.num_blocks = held
+        state.free_blocks -= evictable
+        allocated = KVCacheManager.allocate_slots(self, state, request, num_new_tokens)
+        num_computed = request.num_computed_tokens
+        request.num_computed_tokens -= hit_tokens
+        if not allocated:
+            request.num_blocks = len(block_ids)
+            state.free_blocks += evictable
+            return False
+        if hit:
+            self.observed["hit_on_running_block"] += pool.touch(hit)
+            block_ids.extend(hit)
+            request.num_cached_blocks = len(block_ids)
+        if request.num_blocks > held:
+            new_blocks, evicted = pool.get_new_blocks(request.num_blocks - held)
+            self.observed["cached_block_evicted"] += evicted
+            block_ids.extend(new_blocks)
+        self.cache_blocks(state, request, min(num_computed + num_new_tokens, request.num_tokens))
+        return True
+
+    def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
+        """``cache_blocks``: the full blocks of the first ``num_tokens`` tokens get the
+        request's hashes (as far as it has them: 0.33's lookahead hashes lag a token)."""
+        hashes = request.block_hashes or ()
+        num_full = min(num_tokens // self.block_size, len(hashes))
+        if num_full > request.num_cached_blocks:
+            self.pool(state).cache_full_blocks(
+                request.block_ids, hashes, request.num_cached_blocks, num_full
+            )
+            request.num_cached_blocks = num_full
+
+    def free(self, state: SchedulerState, request: RequestState) -> None:
+        """``free``: the blocks go back last first, so a request's tail is evicted
+        before its head; a block another request holds stays held."""
+        pool = self.pool(state)
+        pool.free_blocks(reversed(request.block_ids))
+        request.block_ids = []
+        request.num_blocks = 0
+        request.num_cached_blocks = 0
+        state.free_blocks = pool.num_free_blocks
+
+
+def manager_for(
+    block_size: int,
+    max_model_len: int,
+    num_lookahead_tokens: int,
+    rule: HitRule | None,
+    observed: dict[str, int],
+) -> KVCacheManager:
+    """The manager of a config: with a hit rule (prefix caching on) the caching one."""
+    if rule is None:
+        return KVCacheManager(block_size, max_model_len, num_lookahead_tokens)
+    return PrefixCachingKVCacheManager(
+        block_size, max_model_len, num_lookahead_tokens, rule, observed
+    )

@@ -4,10 +4,11 @@ that every decision the real scheduler made is the one the reference makes.
 The profile comes from the trace's vLLM version (``0.32.x`` -> ``vllm-0.32``, ``0.33.x``
 -> ``vllm-0.33``) unless the caller names one. A replay that checked no step is a
 failure, never a pass. A trace holding a setting the reference does not replay
-(``reference/settings.py``: prefix caching on, a user ``max_num_active_seqs``, ...) is
+(``reference/settings.py``: a user ``max_num_active_seqs``, a KV watermark, ...) is
 refused naming it, and so is a version-1 trace recorded under async scheduling, whose
-model outputs do not say which step they answer. ``--json FILE`` writes one summary per
-trace (docs/traces.md).
+model outputs do not say which step they answer, and a trace recorded with prefix caching
+before version 3, which holds no block hashes to take the hits from. ``--json FILE``
+writes one summary per trace (docs/traces.md).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dualbudget.spec.profiles import KNOWN_RELEASES, Profile, profile_named
 from .events import ScheduleStep, StepRecord
 from .scheduler import Scheduler
 from .settings import first_unreplayed
-from .trace import Trace, TraceError, read_trace
+from .trace import HASHES_FROM, VERSION, Trace, TraceError, read_trace
 from .violations import StepViolation
 
 
@@ -48,7 +49,8 @@ class ReplayResult:
     natural_stops: int = 0
     """Requests the trace saw stop on EOS or a stop token."""
     prefix_hits: int = 0
-    """Prefix-cache hits replayed: 0 while the reference leaves prefix caching out."""
+    """Requests admitted with a prefix-cache hit, as the reference replayed them (its
+    ``observed["prefix_hit"]``; 0 without prefix caching)."""
     steps_checked: int = 0
     divergence: tuple[int, StepRecord, StepRecord] | None = None
     """(step, recorded, reference) at the first decision that differs."""
@@ -91,7 +93,13 @@ def check_replayable(trace: Trace, profile: Profile) -> None:
         raise TraceError(
             f"trace {trace.path!r}: a version-1 trace recorded under async scheduling; its"
             " model outputs do not name the step they answer, so it cannot be replayed"
-            " (record it again: the recorder writes version 2)"
+            f" (record it again: the recorder writes version {VERSION})"
+        )
+    if header.enable_prefix_caching and header.version < HASHES_FROM:
+        raise TraceError(
+            f"trace {trace.path!r} was recorded with enable_prefix_caching = true in version"
+            f" {header.version}, which holds no block hashes to reproduce its hits (they"
+            f" come with version {HASHES_FROM}: record it again)"
         )
     unreplayed = [(first_unreplayed(header.settings, header.config, profile), "")]
     unreplayed += [
@@ -131,6 +139,7 @@ def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
             break
         result.steps_checked += 1
     result.violations = list(scheduler.violations)
+    result.prefix_hits = scheduler.observed.get("prefix_hit", 0)
     return result
 
 

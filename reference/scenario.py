@@ -60,6 +60,10 @@ class RequestSpec:
     priority: int = 0
     abort_step: int | None = None
     """Optional: the request is aborted before this step's schedule."""
+    prompt_token_ids: tuple[int, ...] | None = None
+    """Optional: the prompt's ids (``prompt_len`` of them), read only by the prefix cache;
+    with ``enable_prefix_caching`` on, a request without them gets ids shared with no other
+    request (``reference.token_ids.unique_prompt``)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,9 @@ def _config(value: object) -> EngineConfig:
         else _int(cap, "config.max_num_scheduled_tokens"),
         speculative_config=_speculative(obj.get("speculative_config")),
         async_scheduling=_bool(obj.get("async_scheduling", False), "config.async_scheduling"),
+        enable_prefix_caching=_bool(
+            obj.get("enable_prefix_caching", False), "config.enable_prefix_caching"
+        ),
     )
 
 
@@ -294,17 +301,31 @@ def _requests(value: object) -> tuple[RequestSpec, ...]:
             raise ScenarioError(f"{where}.id", f"duplicate request id {rid!r}")
         seen.add(rid)
         abort = obj.get("abort_step")
+        prompt_len = _int(obj["prompt_len"], f"{where}.prompt_len", minimum=1)
         requests.append(
             RequestSpec(
                 id=rid,
-                prompt_len=_int(obj["prompt_len"], f"{where}.prompt_len", minimum=1),
+                prompt_len=prompt_len,
                 max_tokens=_int(obj["max_tokens"], f"{where}.max_tokens", minimum=1),
                 arrival_step=_int(obj.get("arrival_step", 0), f"{where}.arrival_step", minimum=0),
                 priority=_int(obj.get("priority", 0), f"{where}.priority"),
                 abort_step=None if abort is None else _int(abort, f"{where}.abort_step", minimum=0),
+                prompt_token_ids=_token_ids(obj, where, prompt_len),
             )
         )
     return tuple(requests)
+
+
+def _token_ids(obj: Mapping[str, Any], where: str, prompt_len: int) -> tuple[int, ...] | None:
+    if "prompt_token_ids" not in obj:
+        return None
+    where = f"{where}.prompt_token_ids"
+    ids = obj["prompt_token_ids"]
+    if not isinstance(ids, list):
+        raise ScenarioError(where, f"must be a list of token ids, got {type(ids).__name__}")
+    if len(ids) != prompt_len:
+        raise ScenarioError(where, f"has {len(ids)} ids, but prompt_len is {prompt_len}")
+    return tuple(_int(token, f"{where}[{j}]", minimum=0) for j, token in enumerate(ids))
 
 
 def _per_step(
@@ -389,7 +410,15 @@ def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
         scenario.profile,
         scenario.config,
         [
-            request_json(r.id, r.prompt_len, r.max_tokens, r.arrival_step, r.priority, r.abort_step)
+            request_json(
+                r.id,
+                r.prompt_len,
+                r.max_tokens,
+                r.arrival_step,
+                r.priority,
+                r.abort_step,
+                r.prompt_token_ids,
+            )
             for r in scenario.requests
         ],
         acceptance_json(a.fixed, a.per_position, a.seed, a.explicit),

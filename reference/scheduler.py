@@ -2,8 +2,9 @@
 decision delegated to a ``spec`` policy.
 
 The subset: text-only requests, no LoRA, encoder, KV connector, structured output or
-pipeline parallelism, prefix caching off, one full-attention KV group, no multi-module
-MTP (its prefill lookahead is then a no-op). Within it, one ``handle(event)`` call is
+pipeline parallelism, one full-attention KV group (prefix caching on or off: see
+``kv.py`` and docs/design.md §6), no multi-module MTP (its prefill lookahead is then a
+no-op). Within it, one ``handle(event)`` call is
 one of vLLM's ``add_request``, ``schedule`` (with ``_update_after_schedule``),
 ``update_from_output``, ``update_draft_token_ids`` or ``finish_requests``; with
 ``config.async_scheduling`` the scheduler is vLLM's ``AsyncScheduler`` (output
@@ -36,6 +37,7 @@ from .events import (
     ScheduleStep,
     StepRecord,
 )
+from .prefix_cache import BlockPool, HitRule, hash_blocks
 from .state import (
     FINISHED,
     FINISHED_ABORTED,
@@ -53,11 +55,29 @@ from .violations import CHECK_MODES, CheckMode, ContractViolation, StepViolation
 # reaches the end of the prompt samples one token past the verified drafts.
 NUM_SAMPLED_PER_STEP = 1
 
-OBSERVED = ("async_in_flight", "stale_output", "in_flight_max_tokens_skip", "natural_stop")
+PREFIX_OBSERVED = (
+    "prefix_hit",
+    "full_prefix_hit",
+    "cached_block_evicted",
+    "hit_on_running_block",
+    "resume_rehit",
+)
+"""The counters of prefix caching (counted only with it on; docs/design.md §6): a
+request admitted from waiting with a cache hit, one whose hit is all its tokens but the
+last, a cached free block handed out (its hash evicted), a hit block some running
+request holds (per block), a preempted request resuming with a hit."""
+OBSERVED = (
+    "async_in_flight",
+    "stale_output",
+    "in_flight_max_tokens_skip",
+    "natural_stop",
+    *PREFIX_OBSERVED,
+)
 """What the scheduler counts as it goes (``Scheduler.observed``), for the fuzz's coverage:
 a step scheduled while an earlier one's output is outstanding, an output arriving for a
 request preempted after its step was scheduled, a running request skipped because its
-in-flight output already reaches max_tokens, a request finished by EOS or a stop token."""
+in-flight output already reaches max_tokens, a request finished by EOS or a stop token,
+and ``PREFIX_OBSERVED``."""
 
 
 class InvalidEvent(BadInput):
@@ -120,8 +140,20 @@ class Scheduler:
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
-        self.kv = kv.KVCacheManager(
-            config.block_size, config.max_model_len, self.num_lookahead_tokens
+        self.prefix_caching = config.enable_prefix_caching
+        spec = config.speculative_config
+        self.hit_rule = (
+            HitRule.of(self.semantics, spec.method if spec is not None else None)
+            if self.prefix_caching
+            else None
+        )
+        self._hash_lookahead = self.hit_rule.num_hash_lookahead_tokens if self.hit_rule else 0
+        self.kv = kv.manager_for(
+            config.block_size,
+            config.max_model_len,
+            self.num_lookahead_tokens,
+            self.hit_rule,
+            self.observed,
         )
         self.violations: list[StepViolation] = []
         self._handlers: dict[type, Callable[[Any], StepRecord | None]] = {
@@ -135,7 +167,8 @@ class Scheduler:
 
     @staticmethod
     def initial_state(config: EngineConfig) -> SchedulerState:
-        return SchedulerState(free_blocks=kv.usable_blocks(config.num_gpu_blocks))
+        pool = BlockPool.create(config.num_gpu_blocks) if config.enable_prefix_caching else None
+        return SchedulerState(free_blocks=kv.usable_blocks(config.num_gpu_blocks), block_pool=pool)
 
     def fork(self) -> Scheduler:
         """An independent scheduler at the same state (violations collected so far kept)."""
@@ -167,15 +200,101 @@ class Scheduler:
             )
         if event.max_tokens < 1:
             raise InvalidEvent(f"request {event.request_id!r}: max_tokens must be >= 1")
-        self.state.requests[event.request_id] = RequestState(
+        if self.prefix_caching:
+            self._check_prefix_request(event)
+        request = RequestState(
             event.request_id,
             event.prompt_len,
             event.max_tokens,
             event.priority,
             event.arrival_time,
         )
+        if self.prefix_caching:
+            ids = event.prompt_token_ids
+            if ids is not None:
+                request.token_ids = list(ids)
+                request.block_hashes = hash_blocks(
+                    None, ids, self.config.block_size, lookahead=self._hash_lookahead
+                )
+            else:
+                request.block_hashes = list(event.block_hashes or ())
+        self.state.requests[event.request_id] = request
         self.state.waiting.append(event.request_id)
         self.state.num_arrivals += 1
+
+    def _check_prefix_request(self, event: AddRequest) -> None:
+        """With prefix caching a request carries what its block hashes are made of:
+        its prompt's ids, or (a recorded trace) the hashes themselves."""
+        rid, ids, hashes = event.request_id, event.prompt_token_ids, event.block_hashes
+        if (ids is None) == (hashes is None):
+            raise InvalidEvent(
+                f"request {rid!r}: with enable_prefix_caching it must carry exactly one of"
+                " prompt_token_ids and block_hashes"
+            )
+        if ids is not None and len(ids) != event.prompt_len:
+            raise InvalidEvent(
+                f"request {rid!r}: {len(ids)} prompt_token_ids for prompt_len {event.prompt_len}"
+            )
+        if hashes is not None:
+            self._check_num_hashes(rid, len(hashes), event.prompt_len)
+
+    def _check_num_hashes(self, rid: str, num_hashes: int, num_tokens: int) -> None:
+        """A request's vLLM block hashes are one per full block of its tokens (0.33's
+        lookahead hashes: of its tokens but the last)."""
+        assert self.hit_rule is not None
+        expected = self.hit_rule.num_hashes(num_tokens, self.config.block_size)
+        if num_hashes != expected:
+            raise InvalidEvent(
+                f"request {rid!r}: {num_hashes} block hashes for {num_tokens} tokens;"
+                f" block_size {self.config.block_size} makes {expected}"
+            )
+
+    def _append_block_hashes(
+        self, request: RequestState, event: ModelOutput, appended: int
+    ) -> None:
+        """``Request.append_output_token_ids``: the hashes of the full blocks the
+        appended tokens complete (from their ids, or as the event reports them)."""
+        hashes, rid = request.block_hashes, request.request_id
+        assert hashes is not None
+        ids = request.token_ids
+        if ids is not None:
+            ids.extend(event.token_ids[rid][:appended])
+            block_size = self.config.block_size
+            hashes += hash_blocks(
+                hashes[-1] if hashes else None,
+                ids,
+                block_size,
+                start=len(hashes) * block_size,
+                lookahead=self._hash_lookahead,
+            )
+        else:
+            hashes += event.block_hashes.get(rid, ())
+            self._check_num_hashes(rid, len(hashes), request.num_tokens)
+
+    def _check_prefix_output(self, event: ModelOutput) -> None:
+        """With prefix caching every request that sampled reports what it sampled in
+        the form it was added with: ids, or the block hashes it gained."""
+        requests, sampled = self.state.requests, event.num_sampled
+        for rid in (*event.token_ids, *event.block_hashes):
+            if not sampled.get(rid, 0):
+                raise InvalidEvent(
+                    f"model output carries token ids or hashes for {rid!r}, which sampled none"
+                )
+        for rid, num_sampled in sampled.items():
+            if not num_sampled or requests[rid].status in FINISHED:
+                continue  # a finished request's output is dropped
+            if requests[rid].token_ids is not None:
+                ids = event.token_ids.get(rid)
+                if ids is None or len(ids) != num_sampled:
+                    raise InvalidEvent(
+                        f"request {rid!r} sampled {num_sampled} tokens; its model output"
+                        f" must carry as many token_ids, got {None if ids is None else len(ids)}"
+                    )
+            elif rid not in event.block_hashes:
+                raise InvalidEvent(
+                    f"request {rid!r} sampled {num_sampled} tokens; its model output must"
+                    " carry the block_hashes it gained"
+                )
 
     # -- schedule --------------------------------------------------------------------
     def _schedule(self, _: ScheduleStep) -> StepRecord:
@@ -262,8 +381,12 @@ class Scheduler:
         state, kernel = self.state, self.kernel
         running, requests = state.running, state.requests
         max_model_len = self.config.max_model_len
-        grant, allocate_slots, take = kernel.grant, self.kv.allocate_slots, self._take
-        done = kernel.exhausted(step.token_budget, step.input_budget)
+        grant, allocate_slots, take = kernel.grant, self.kv.allocate_slots, kernel.take
+        scheduled = step.scheduled
+        # The ledger lives in locals while the loop runs; step holds it across calls.
+        token_budget, input_budget = step.token_budget, step.input_budget
+        done = kernel.exhausted(token_budget, input_budget)
+        cap_base = max_model_len - NUM_SAMPLED_PER_STEP
         index = 0
         while not done and index < len(running):
             rid = running[index]
@@ -285,10 +408,10 @@ class Scheduler:
             need = num_tokens + drafts + placeholders - computed
             if 0 < threshold < need:
                 need = threshold
-            q = grant(step.token_budget, step.input_budget, need)
+            q = grant(token_budget, input_budget, need)
             # The position cap vLLM applies for spec decoding: keep one slot for the
             # sampled token below max_model_len.
-            cap = max_model_len - computed - NUM_SAMPLED_PER_STEP
+            cap = cap_base - computed
             if cap < q:
                 q = cap
             if q <= 0:
@@ -297,17 +420,21 @@ class Scheduler:
                 continue
             if not allocate_slots(state, request, q):
                 # Preempting a request scheduled earlier in this step refunds its charge.
+                step.token_budget, step.input_budget = token_budget, input_budget
                 allocated, index = self._allocate_or_preempt(step, request, q, index)
+                token_budget, input_budget = step.token_budget, step.input_budget
                 if not allocated:
                     if self.semantics == "0.33" and self.priority and request.status == PREEMPTED:
                         # vLLM 0.33 Scheduler.schedule: a priority request that preempted
                         # itself freed its blocks; the higher-priority ones after it may
                         # still fit, and ``index`` already points at the next one. (0.32
                         # stops here.)
-                        done = kernel.exhausted(step.token_budget, step.input_budget)
+                        done = kernel.exhausted(token_budget, input_budget)
                         continue
                     break
-            done = take(step, rid, q)
+            # The policy's charge for q tokens, and the book's entry of it.
+            token_budget, input_budget, done = take(token_budget, input_budget, q)
+            scheduled[rid] = q
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
             index += 1
@@ -318,6 +445,7 @@ class Scheduler:
                 if num_spec > 0:
                     step.spec[rid] = drafts if drafts < num_spec else num_spec
                 request.num_drafts = 0
+        step.token_budget, step.input_budget = token_budget, input_budget
 
     def _allocate_or_preempt(
         self, step: _Step, request: RequestState, q: int, index: int
@@ -383,6 +511,7 @@ class Scheduler:
         k = self.num_spec_tokens
         # Only running requests are scheduled so far: vLLM's ``scheduled_running_reqs``.
         running_scheduled = bool(step.scheduled)
+        get_computed_blocks = self.kv.get_computed_blocks
         skipped: list[str] = []
         while state.waiting and not kernel.exhausted(step.token_budget, step.input_budget):
             if len(state.running) >= kernel.max_active_requests:
@@ -394,7 +523,10 @@ class Scheduler:
                 skipped.append(self._pop_waiting(request.request_id))
                 continue
             room = kernel.room(step.token_budget, step.input_budget)
-            need = request.num_tokens - request.num_computed_tokens
+            # A request starts at its cache hit (none without prefix caching): a
+            # full hit leaves it one token, padded below as any one-token decode.
+            hit, computed = get_computed_blocks(state, request)
+            need = request.num_tokens - computed
             padded = False
             # Scheduler.schedule's pad_spec_decode: a new one-token decode joins a decode
             # batch at the uniform width 1 + K (real drafts or placeholders).
@@ -402,9 +534,8 @@ class Scheduler:
                 k > 0
                 and need == 1
                 and not step.prefill_scheduled
-                and (running_scheduled or request.num_computed_tokens > 0)
-                and request.num_computed_tokens + 1 + k + NUM_SAMPLED_PER_STEP
-                <= self.config.max_model_len
+                and (running_scheduled or computed > 0)
+                and computed + 1 + k + NUM_SAMPLED_PER_STEP <= self.config.max_model_len
             ):
                 if 1 + k > room:
                     break  # vLLM prefers not scheduling it to scheduling it unpadded
@@ -430,20 +561,36 @@ class Scheduler:
                     f" {request.request_id!r} to {q}"
                 )
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
-            if not self.kv.full_sequence_fits(state, request) or not self.kv.allocate_slots(
-                state, request, q
+            if not self.kv.full_sequence_fits(state, request, hit) or not self.kv.allocate_slots(
+                state, request, q, hit
             ):
                 break
 
             self._pop_waiting(request.request_id)
             state.running.append(request.request_id)
+            if computed:
+                self._count_hit(request, computed)
             request.status = RUNNING
-            self._take(step, request.request_id, q)
+            request.num_computed_tokens = computed
+            # The policy's charge for q tokens, and the book's entry of it.
+            step.token_budget, step.input_budget, _ = kernel.take(
+                step.token_budget, step.input_budget, q
+            )
+            step.scheduled[request.request_id] = q
             if padded:
                 step.spec[request.request_id] = k
                 step.padded.append(request.request_id)
         # Requests skipped this step go back to the front, in their order.
         state.waiting[:0] = skipped
+
+    def _count_hit(self, request: RequestState, computed: int) -> None:
+        """An admission with a cache hit, in ``OBSERVED``'s prefix-caching counters."""
+        observed = self.observed
+        observed["prefix_hit"] += 1
+        if computed == request.num_tokens - 1:
+            observed["full_prefix_hit"] += 1
+        if request.status == PREEMPTED:
+            observed["resume_rehit"] += 1
 
     def _peek_waiting(self) -> str:
         waiting = self.state.waiting
@@ -459,15 +606,6 @@ class Scheduler:
     def _pop_waiting(self, request_id: str) -> str:
         self.state.waiting.remove(request_id)
         return request_id
-
-    def _take(self, step: _Step, request_id: str, q: int) -> bool:
-        """Schedule ``q >= 1`` tokens of ``request_id``: the policy's charge, and the
-        book's entry of it. Returns whether the step's budgets are then exhausted."""
-        step.token_budget, step.input_budget, exhausted = self.kernel.take(
-            step.token_budget, step.input_budget, q
-        )
-        step.scheduled[request_id] = q
-        return exhausted
 
     # -- after the forward -----------------------------------------------------------
     def _update_from_output(self, event: ModelOutput) -> None:
@@ -487,6 +625,9 @@ class Scheduler:
             stray = next(rid for rid in sampled if rid not in scheduled)
             which = "the last step" if event.step is None else f"step {step}"
             raise InvalidEvent(f"model output for {stray!r}, not scheduled in {which}")
+        prefix_caching = self.prefix_caching
+        if prefix_caching:
+            self._check_prefix_output(event)
         stopped = event.stopped
         for rid, kept in stopped.items() if stopped else ():
             if not 1 <= kept <= sampled.get(rid, 0):
@@ -554,10 +695,29 @@ class Scheduler:
                     raise UnmirroredVllmCrash(
                         f"request {rid!r}: vLLM asserts num_output_placeholders >= 0"
                     )
+            if prefix_caching:
+                self._append_block_hashes(request, event, appended)
+                if request.status == RUNNING:
+                    self._cache_after_output(request, num_sampled - appended, is_stale)
             if status is not None:
                 self._finish(rid, status)
         if step == last:
             state.last_padded = []
+
+    def _cache_after_output(self, request: RequestState, trimmed: int, is_stale: bool) -> None:
+        """The blocks a running request's verified tokens complete are cached as its
+        output comes (before a stop frees them), not only at its next allocation:
+        vLLM 0.33 with spec tokens or output placeholders (which every output of a
+        request not preempted since has under async scheduling), a stop first taking
+        the ``trimmed`` tokens after it out of the computed; vLLM 0.32's
+        ``AsyncScheduler`` up to its placeholders left."""
+        if self.semantics == "0.32":
+            if self.async_scheduling:
+                num_tokens = request.num_computed_tokens - request.num_output_placeholders
+                self.kv.cache_blocks(self.state, request, num_tokens)
+        elif not is_stale and (self.num_spec_tokens > 0 or self.async_scheduling):
+            num_tokens = request.num_computed_tokens - request.num_in_flight_tokens - trimmed
+            self.kv.cache_blocks(self.state, request, num_tokens)
 
     def _update_draft_token_ids(self, event: DraftProposals) -> None:
         """``Scheduler.update_draft_token_ids``: a request mid-prefill drops its drafts."""

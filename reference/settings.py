@@ -1,13 +1,15 @@
 """The vLLM settings outside the engine config that can change a scheduling decision: one
 table of each one's vLLM default and whether the reference models it.
 
-The trace recorder writes every engine-scope setting into a version-2 trace header (and a
+The trace recorder writes every engine-scope setting into a trace header (and a
 request-scope one on the request's ``add_request`` line); replay refuses a trace that holds
 a value the reference does not replay, naming the setting. The reference replays an
-unmodelled setting only at the value it assumes: vLLM's default, except prefix caching,
-which vLLM turns on by default and the reference's subset leaves out. What the engine
-config carries (``async_scheduling``, ``long_prefill_token_threshold``,
-``scheduling_policy``, the budgets) is modelled and travels in the trace's ``config``.
+unmodelled setting only at the value it assumes, vLLM's default. Prefix caching is modelled
+(every value replays) and stays in the header's settings, where version 2 put it; the
+reader copies it into the engine config, which the reference runs on (``reference/trace.py``).
+What the engine config carries otherwise (``async_scheduling``,
+``long_prefill_token_threshold``, ``scheduling_policy``, the budgets) is modelled and
+travels in the trace's ``config``.
 """
 
 from __future__ import annotations
@@ -64,9 +66,14 @@ def _single_mtp_module(value: Json, config: EngineConfig, profile: Profile) -> b
     return isinstance(value, int) and min(value, config.num_speculative_tokens) <= 1
 
 
+def _no_prefix_caching(value: Json, config: EngineConfig, profile: Profile) -> bool:
+    # Without prefix caching there is no hit to skip.
+    return not config.enable_prefix_caching
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "enable_prefix_caching", "cache_config", True, False, False,
+        "enable_prefix_caching", "cache_config", True, True, False,
         "admitted requests start at their cached prefix",
     ),
     Setting(
@@ -101,6 +108,14 @@ SETTINGS: tuple[Setting, ...] = (
         also_replays=_single_mtp_module, also="or any value when K = 1 or it is 1",
     ),
     Setting(
+        "disable_eagle_block_drop", "speculative_config", False, False, False,
+        "an EAGLE-family prefix-cache hit keeps its last block",
+    ),
+    Setting(
+        "disable_lookahead_block_hashes", "speculative_config", False, False, False,
+        "0.33's EAGLE-family block hashes stop covering the token after each block",
+    ),
+    Setting(
         "kv_cache_groups", "kv_cache_config", ["FullAttentionSpec"], False,
         ["FullAttentionSpec"],
         "sliding-window, Mamba or hybrid groups allocate KV blocks otherwise",
@@ -113,6 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
         "structured_outputs", "a request's structured_output_request", False, False, False,
         "drafts are cut to what the grammar accepts; a request waits for its grammar",
         scope="request",
+    ),
+    Setting(
+        "skip_reading_prefix_cache", "a request's sampling_params", False, False, False,
+        "the request takes no prefix-cache hit (vLLM sets it for prompt logprobs)",
+        scope="request",
+        also_replays=_no_prefix_caching, also="or any value with prefix caching off",
     ),
 )  # fmt: skip
 """Every setting outside the engine config that can change a decision."""

@@ -15,6 +15,10 @@ runs, with its provenance. Absolute seconds are only as good as the coefficients
 of step counts are exact. How to fit the coefficients from real runs: ``fit_exactly`` and
 docs/simulate.md.
 
+Under prefix caching (``enable_prefix_caching``, the scenario's config) each run also
+keeps its hits (``PrefixStats``): per request admitted, the prompt tokens its first
+admission found cached, and the scheduler's own counters of the cache's events.
+
 Percentiles are nearest-rank: ``p`` of ``n`` sorted values is the value at
 ``ceil(p/100 * n) - 1`` (so p50 of ``[1, 2, 3, 4]`` is 2, p99 of 100 values the 99th).
 """
@@ -29,8 +33,10 @@ from typing import Any
 
 from dualbudget.spec.errors import BadInput
 
-from .driver import ScenarioRun
+from .driver import Reference, ScenarioRun, drive
+from .events import Event, ScheduleStep, StepRecord
 from .scenario import Scenario
+from .scheduler import PREFIX_OBSERVED
 from .violations import StepViolation
 
 ProgressFn = Callable[[str, int, int, int], None]
@@ -223,6 +229,59 @@ class RequestTimes:
 
 
 @dataclass
+class PrefixStats:
+    """Prefix-cache hits of one run; all zero with ``enable_prefix_caching`` off.
+
+    ``hit_tokens`` and ``prompt_tokens`` sum over the requests admitted (scheduled at
+    least once): the tokens the first admission found in the cache and the prompt's
+    length. A preempted request's hit on resuming is not in them; the scheduler counts it
+    (``resume_rehit``), and its ``prefix_hit`` counts every admission with a hit, resumes
+    included."""
+
+    requests: int = 0
+    requests_with_hit: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREFIX_OBSERVED, 0))
+
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / prompt_tokens`` (0 before any admission)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hit_tokens": self.hit_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "hit_rate": self.hit_rate,
+            "requests": self.requests,
+            "requests_with_hit": self.requests_with_hit,
+            "events": dict(self.events),
+        }
+
+
+class FirstAdmissions:
+    """A consumer fed after the reference: right after each ``ScheduleStep`` it reads,
+    for every request scheduled for the first time, its hit, exactly: vLLM's
+    ``_update_after_schedule`` has just added the scheduled tokens to
+    ``num_computed_tokens``, which admission started at the hit."""
+
+    def __init__(self, reference: Reference) -> None:
+        self.reference = reference
+        self.hits: dict[str, int] = {}
+        """Request id -> cached tokens at its first admission."""
+
+    def handle(self, event: Event) -> StepRecord | None:
+        if isinstance(event, ScheduleStep):
+            state = self.reference.state
+            hits, requests = self.hits, state.requests
+            for rid, tokens in state.in_flight[state.num_steps - 1].scheduled.items():
+                if rid not in hits:
+                    hits[rid] = requests[rid].num_computed_tokens - tokens
+        return None
+
+
+@dataclass
 class SimResult:
     """The per-step and per-request record of one profile's run."""
 
@@ -237,6 +296,9 @@ class SimResult:
     """Recorded contract breaks: ``{"contract", "count", "first_step", "message"}``."""
     stall: str | None = None
     wall_seconds: float = 0.0
+    prefix_caching: bool = False
+    """The config's ``enable_prefix_caching``."""
+    prefix: PrefixStats = field(default_factory=PrefixStats)
 
     @property
     def steps(self) -> int:
@@ -331,6 +393,7 @@ class SimResult:
                 "p99": percentile(self.first_scheduled_steps(), 99),
             },
             "steps_per_output_token": _mean(spot),
+            "prefix_cache": self.prefix.to_json(),
             "violations": list(self.violations),
             "stall": self.stall,
         }
@@ -352,7 +415,10 @@ def simulate(
     started = time.perf_counter()
     run = ScenarioRun(scenario, profile=profile, max_steps=max_steps, check="collect")
     scheduler = run.scheduler
-    result = SimResult(profile, run.scenario.config.max_num_batched_tokens)
+    config = run.scenario.config
+    result = SimResult(
+        profile, config.max_num_batched_tokens, prefix_caching=config.enable_prefix_caching
+    )
     times = result.requests
     for request in run.scenario.requests:
         times[request.id] = RequestTimes(request.arrival_step)
@@ -363,7 +429,10 @@ def simulate(
     finished = 0
     next_report = started + progress_every
     state = scheduler.state
-    for driven in run.steps():
+    prefix_caching = config.enable_prefix_caching
+    admissions = FirstAdmissions(scheduler)
+    driven_steps = drive(run.driver, scheduler, admissions) if prefix_caching else run.steps()
+    for driven in driven_steps:
         record = driven.record
         step = record.step
         scheduled = record.num_scheduled_tokens
@@ -388,11 +457,26 @@ def simulate(
                 next_report = now + progress_every
     for rid, done in state.requests.items():
         times[rid].output_tokens = done.num_output_tokens
+    if prefix_caching:
+        result.prefix = prefix_stats(admissions.hits, run.scenario, scheduler.observed)
     result.violations = summarize_violations(scheduler.violations)
     if run.stall is not None:
         result.stall = run.stall.message()
     result.wall_seconds = time.perf_counter() - started
     return result
+
+
+def prefix_stats(hits: dict[str, int], scenario: Scenario, observed: dict[str, int]) -> PrefixStats:
+    """The run's ``PrefixStats`` from each admitted request's first hit and the
+    scheduler's counters."""
+    prompt_len = {r.id: r.prompt_len for r in scenario.requests}
+    return PrefixStats(
+        requests=len(hits),
+        requests_with_hit=sum(1 for hit in hits.values() if hit > 0),
+        prompt_tokens=sum(prompt_len[rid] for rid in hits),
+        hit_tokens=sum(hits.values()),
+        events={name: observed[name] for name in PREFIX_OBSERVED},
+    )
 
 
 def summarize_violations(found: Sequence[StepViolation]) -> list[dict[str, Any]]:
@@ -443,8 +527,9 @@ def ratios(results: Sequence[SimResult], model: StepTimeModel) -> list[dict[str,
 def to_json(
     workload: str, results: Sequence[SimResult], calibration: Calibration | None = None
 ) -> dict[str, Any]:
-    """The ``--json`` document: the issue's schema, with the calibration in use and, per
-    profile, the seconds and output tokens/s it predicts."""
+    """The ``--json`` document: the issue's schema, with the calibration in use, whether
+    prefix caching was on and, per profile, the seconds and output tokens/s it predicts
+    and the prefix cache's hits."""
     if calibration is None:
         calibration = CALIBRATIONS[DEFAULT_CALIBRATION]
     keys = (
@@ -466,6 +551,7 @@ def to_json(
                 **{k: s[k] for k in keys},
                 "seconds": timing["seconds"],
                 "tokens_per_s": timing["output_tokens_per_s"],
+                "prefix_cache": s["prefix_cache"],
             }
         )
     model = calibration.model
@@ -478,5 +564,6 @@ def to_json(
             "c": model.c,
             "provenance": calibration.provenance,
         },
+        "enable_prefix_caching": any(r.prefix_caching for r in results),
         "profiles": profiles,
     }

@@ -11,6 +11,8 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .prefix_cache import BlockPool
+
 # vLLM's RequestStatus values the subset can reach.
 WAITING = "waiting"
 RUNNING = "running"
@@ -24,7 +26,7 @@ FINISHED = (FINISHED_STOPPED, FINISHED_LENGTH, FINISHED_ABORTED)
 @dataclass(slots=True)
 class RequestState:
     """One request, in the counters of vLLM's ``Request`` (prompt and outputs are lengths:
-    token ids never matter to the budgets)."""
+    token ids matter only to prefix caching's block hashes)."""
 
     request_id: str
     prompt_len: int
@@ -50,6 +52,15 @@ class RequestState:
     num_stale_output_tokens: int = 0
     """In-flight tokens at the last preemption: output still to come for steps scheduled
     before it, delivered but never rolling back the reset counters."""
+    token_ids: list[int] | None = None
+    """Prefix caching, a request added with ids: its prompt and output token ids (the
+    one place the reference keeps ids: its block hashes are made of them)."""
+    block_hashes: list[str] | None = None
+    """Prefix caching: vLLM's ``Request.block_hashes``, the hash chain of its full blocks."""
+    block_ids: list[int] = field(default_factory=list)
+    """Prefix caching: the pool's blocks the request holds, in order."""
+    num_cached_blocks: int = 0
+    """Prefix caching: how many of its first blocks are cached (``num_cached_block``)."""
 
     @property
     def num_tokens(self) -> int:
@@ -92,6 +103,9 @@ class SchedulerState:
     """Steps scheduled and not yet answered, by step index (under synchronous scheduling
     only the last one, until its output comes)."""
     num_arrivals: int = 0
+    block_pool: BlockPool | None = None
+    """Prefix caching: the pool's blocks by id (None with caching off, where
+    ``free_blocks`` is all the pool there is)."""
 
     def copy(self) -> SchedulerState:
         return copy.deepcopy(self)

@@ -1,9 +1,9 @@
-"""The trace format ``dualbudget-trace``, version 2 (version 1 is still read): NDJSON, one
-object per line.
+"""The trace format ``dualbudget-trace``, version 3 (versions 1 and 2 are still read):
+NDJSON, one object per line.
 
 Line 1, the header::
 
-    {"format": "dualbudget-trace", "version": 2, "vllm_version": "0.32.0",
+    {"format": "dualbudget-trace", "version": 3, "vllm_version": "0.32.0",
      "source": "engine" | "scheduler" | "synthetic", "scheduler_class": "...",
      "config": {... vLLM's names, as in a scenario, async_scheduling included ...},
      "settings": {... every engine-scope setting of reference/settings.py ...},
@@ -13,28 +13,35 @@ then, in the order they happened, the events that came from outside the schedule
 decisions it made::
 
     {"event": "add_request", "request_id", "prompt_len", "max_tokens", "priority",
-     "arrival_time", "settings"?}         (request-scope settings, only when set)
+     "arrival_time", "settings"?,          (request-scope settings, only when set)
+     "block_hashes"?}                      (prefix caching: the prompt's full blocks)
     {"event": "abort", "request_id"}
     {"event": "step", "step", "num_scheduled_tokens", "scheduled_spec_tokens", "preempted",
      "finished", ...}                      (a step record, docs/design.md §4.2)
-    {"event": "model_output", "step", "num_sampled": {id: n}, "stopped": {id: n}}
+    {"event": "model_output", "step", "num_sampled": {id: n}, "stopped": {id: n},
+     "block_hashes"?: {id: [...]}}         (prefix caching: the hashes each request gained)
     {"event": "draft_proposals", "num_drafts": {id: n}}
 
 and last ``{"event": "end", "steps": N}``: a trace without it was cut short. Only
-budget-relevant fields are kept: no token ids, no prompts. A file named ``*.gz`` is read
-through gzip (a burst of thousands of arrivals compresses well).
+budget-relevant fields are kept: no token ids, no prompts. Prefix caching's hits are
+reproduced from vLLM's own block hashes (``Request.block_hashes``, as hex): only their
+equality matters, so they carry no token content. A file named ``*.gz`` is read through
+gzip (a burst of thousands of arrivals compresses well).
 
-Version 1 differs in three places: the header holds ``async_scheduling`` and
-``enable_prefix_caching`` as top-level flags and no ``settings`` (a version-1 trace is read
-with every other setting at the value the reference assumes), a model output names neither
-its step nor natural stops, and ``add_request`` carries no settings.
+Version 2 differs in two places: it carries no block hashes (a version-2 trace recorded
+with prefix caching is read but not replayed), and its header's ``settings`` lack those
+added since (read at the value the reference assumes). Version 1 differs from version 2
+in three: the header holds ``async_scheduling`` and ``enable_prefix_caching`` as top-level
+flags and no ``settings`` (a version-1 trace is read with every other setting at the value
+the reference assumes), a model output names neither its step nor natural stops, and
+``add_request`` carries no settings.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -43,6 +50,7 @@ from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
+from .prefix_cache import HitRule
 from .scenario import (
     Acceptance,
     RequestSpec,
@@ -59,12 +67,29 @@ from .settings import (
     assumed_request_settings,
     assumed_settings,
 )
+from .token_ids import segment
 
 FORMAT = "dualbudget-trace"
-VERSION = 2
+VERSION = 3
 """The version written."""
-READS = (1, 2)
+READS = (1, 2, 3)
 """The versions read."""
+HASHES_FROM = 3
+"""The first version that carries block hashes (prefix caching replays from it on)."""
+ENGINE_SETTINGS_OF_VERSION_2 = (
+    "enable_prefix_caching",
+    "max_num_active_seqs",
+    "watermark",
+    "scheduler_reserve_full_isl",
+    "long_prefill_token_threshold_adaptive",
+    "prefill_schedule_interval",
+    "num_speculative_tokens_per_batch_size",
+    "num_nextn_predict_layers",
+    "kv_cache_groups",
+    "enable_lora",
+)
+"""The engine-scope settings a version-2 header holds, every one of them; the others are
+read at the value the reference assumes."""
 SOURCES = ("engine", "scheduler", "synthetic")
 
 Entry = Event | StepRecord
@@ -88,22 +113,30 @@ class TraceHeader:
     version: int = VERSION
     """The format version the trace was read from (written: always ``VERSION``)."""
 
+    def __post_init__(self) -> None:
+        # In memory the engine config is the home of enable_prefix_caching (the reference
+        # runs on it); the file keeps it in settings: the two never disagree.
+        settings = {**self.settings, "enable_prefix_caching": self.config.enable_prefix_caching}
+        object.__setattr__(self, "settings", settings)
+
     @property
     def async_scheduling(self) -> bool:
         return self.config.async_scheduling
 
     @property
     def enable_prefix_caching(self) -> bool:
-        return bool(self.settings.get("enable_prefix_caching"))
+        return self.config.enable_prefix_caching
 
     def to_json(self) -> dict[str, Any]:
+        config = config_to_json(self.config)
+        config.pop("enable_prefix_caching", None)
         return {
             "format": FORMAT,
             "version": VERSION,
             "vllm_version": self.vllm_version,
             "source": self.source,
             "scheduler_class": self.scheduler_class,
-            "config": config_to_json(self.config),
+            "config": config,
             "settings": dict(self.settings),
             "notes": dict(self.notes),
         }
@@ -128,10 +161,12 @@ class Trace:
 
 
 def entry_to_json(entry: Entry) -> dict[str, Any]:
+    """An entry as its trace line; token ids are never written (block hashes stand for
+    them under prefix caching)."""
     if isinstance(entry, StepRecord):
         return {"event": "step", **entry.to_json()}
     if isinstance(entry, AddRequest):
-        return {
+        obj: dict[str, Any] = {
             "event": "add_request",
             "request_id": entry.request_id,
             "prompt_len": entry.prompt_len,
@@ -139,15 +174,21 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
             "priority": entry.priority,
             "arrival_time": entry.arrival_time,
         }
+        if entry.block_hashes is not None:
+            obj["block_hashes"] = list(entry.block_hashes)
+        return obj
     if isinstance(entry, Abort):
         return {"event": "abort", "request_id": entry.request_id}
     if isinstance(entry, ModelOutput):
-        return {
+        obj = {
             "event": "model_output",
             "step": entry.step,
             "num_sampled": dict(entry.num_sampled),
             "stopped": dict(entry.stopped),
         }
+        if entry.block_hashes:
+            obj["block_hashes"] = {rid: list(h) for rid, h in entry.block_hashes.items()}
+        return obj
     if isinstance(entry, DraftProposals):
         return {"event": "draft_proposals", "num_drafts": dict(entry.num_drafts)}
     raise TypeError(f"not a trace entry: {entry!r}")
@@ -164,6 +205,7 @@ class TraceWriter:
 
     def __init__(self, path: str | Path, header: TraceHeader) -> None:
         self._stream: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed in close())
+        self._prefix_caching = header.enable_prefix_caching
         self._steps = 0
         self._last_step: int | None = None
         self._append(header.to_json())
@@ -171,6 +213,11 @@ class TraceWriter:
     def write(self, entry: Entry, settings: Mapping[str, Json] | None = None) -> None:
         """Append ``entry``; ``settings`` are an ``AddRequest``'s request-scope settings
         (written only when one differs from what the reference assumes)."""
+        if self._prefix_caching and isinstance(entry, AddRequest) and entry.block_hashes is None:
+            # Token ids are never written: without its hashes a request's hits are lost.
+            raise ValueError(
+                f"request {entry.request_id!r}: a trace with prefix caching needs its block_hashes"
+            )
         obj = entry_to_json(entry)
         if isinstance(entry, StepRecord):
             self._steps += 1
@@ -230,6 +277,9 @@ def read_trace(path: str | Path) -> Trace:
     header = _header(name, next(objects, None))
     entries: list[Entry] = []
     request_settings: dict[str, dict[str, Json]] = {}
+    # Before version 3 a prefix-cached trace holds no hashes: read, but never replayed.
+    hashed = header.enable_prefix_caching and header.version >= HASHES_FROM
+    chain = _HashChain(name, header.config.block_size, hashed, _hash_lookahead(header))
     steps = 0
     for lineno, obj in objects:
         kind = obj.get("event")
@@ -243,12 +293,13 @@ def read_trace(path: str | Path) -> Trace:
                 raise TraceError(f"trace {name!r}: lines after the end line")
             return Trace(name, header, tuple(entries), request_settings)
         entry = _entry(name, lineno, obj, header.version, steps)
+        chain.check(lineno, entry)
         steps += isinstance(entry, StepRecord)
         if isinstance(entry, AddRequest) and "settings" in obj:
             if header.version < 2:
                 raise TraceError(f"trace {name!r} line {lineno}: settings need version 2")
             request_settings[entry.request_id] = _settings(
-                name, f"line {lineno}: settings", obj["settings"], REQUEST_SETTINGS, False
+                name, f"line {lineno}: settings", obj["settings"], REQUEST_SETTINGS, ()
             )
         entries.append(entry)
     raise TraceError(f"trace {name!r}: truncated: no end line after {len(lines)} lines")
@@ -277,7 +328,7 @@ def _header(name: str, first: tuple[int, dict[str, Any]] | None) -> TraceHeader:
     if version not in READS or isinstance(version, bool):
         raise TraceError(
             f"trace {name!r}: {FORMAT} version {version!r}, this reads versions"
-            f" {' and '.join(map(str, READS))} only"
+            f" {', '.join(map(str, READS[:-1]))} and {READS[-1]} only"
         )
     source = obj.get("source")
     if source not in SOURCES:
@@ -295,12 +346,19 @@ def _header(name: str, first: tuple[int, dict[str, Any]] | None) -> TraceHeader:
         settings["enable_prefix_caching"] = _flag(name, obj, "enable_prefix_caching")
         config = replace(config, async_scheduling=_flag(name, obj, "async_scheduling"))
     else:
-        if "async_scheduling" in obj or "enable_prefix_caching" in obj:
+        in_config = isinstance(obj.get("config"), dict) and "enable_prefix_caching" in obj["config"]
+        if "async_scheduling" in obj or "enable_prefix_caching" in obj or in_config:
             raise TraceError(
                 f"trace {name!r}: version 2 keeps async_scheduling in header.config and"
-                " enable_prefix_caching in header.settings"
+                " enable_prefix_caching in header.settings, and so does every later version"
             )
-        settings = _settings(name, "header.settings", obj.get("settings"), ENGINE_SETTINGS, True)
+        required = ENGINE_SETTINGS if version > 2 else ENGINE_SETTINGS_OF_VERSION_2
+        given = _settings(name, "header.settings", obj.get("settings"), ENGINE_SETTINGS, required)
+        settings = {**assumed_settings(), **given}
+        settings["enable_prefix_caching"] = _flag(
+            name, settings, "enable_prefix_caching", "header.settings"
+        )
+    config = replace(config, enable_prefix_caching=bool(settings["enable_prefix_caching"]))
     notes = obj.get("notes", {})
     return TraceHeader(
         vllm_version=vllm_version,
@@ -314,24 +372,24 @@ def _header(name: str, first: tuple[int, dict[str, Any]] | None) -> TraceHeader:
 
 
 def _settings(
-    name: str, where: str, value: object, names: tuple[str, ...], every: bool
+    name: str, where: str, value: object, names: tuple[str, ...], required: tuple[str, ...]
 ) -> dict[str, Json]:
-    """A ``settings`` object: known names only, and every one of them when ``every``."""
+    """A ``settings`` object: known names only, and every ``required`` one of them."""
     if not isinstance(value, dict):
         raise TraceError(f"trace {name!r}: {where} must be an object, got {value!r}")
     unknown = sorted(set(value) - set(names))
     if unknown:
         raise TraceError(f"trace {name!r}: {where}: unknown setting {unknown[0]!r}")
-    missing = [key for key in names if key not in value] if every else []
+    missing = [key for key in required if key not in value]
     if missing:
         raise TraceError(f"trace {name!r}: {where}: missing setting {missing[0]!r}")
     return dict(value)
 
 
-def _flag(name: str, header: dict[str, Any], key: str) -> bool:
-    value = header.get(key)
+def _flag(name: str, obj: dict[str, Any], key: str, where: str = "header") -> bool:
+    value = obj.get(key)
     if not isinstance(value, bool):
-        raise TraceError(f"trace {name!r}: header.{key} must be true or false, got {value!r}")
+        raise TraceError(f"trace {name!r}: {where}.{key} must be true or false, got {value!r}")
     return value
 
 
@@ -362,19 +420,135 @@ def _model_output(
                 f"trace {name!r} line {lineno}: stopped[{rid!r}] must be in"
                 f" 1..num_sampled ({sampled.get(rid, 0)}), got {kept}"
             )
-    return ModelOutput(sampled, stopped, step)
+    gained: dict[str, tuple[str, ...]] = {}
+    if "block_hashes" in obj:
+        where = "model_output.block_hashes"
+        value = _since(name, lineno, obj["block_hashes"], where, version)
+        if not isinstance(value, dict):
+            raise TraceError(f"trace {name!r} line {lineno}: {where} must map ids to lists")
+        gained = {
+            str(rid): _hashes(name, lineno, h, f"{where}[{rid!r}]") for rid, h in value.items()
+        }
+    return ModelOutput(sampled, stopped, step, block_hashes=gained)
+
+
+def _since(name: str, lineno: int, value: object, where: str, version: int) -> object:
+    if version < HASHES_FROM:
+        raise TraceError(f"trace {name!r} line {lineno}: {where} needs version {HASHES_FROM}")
+    return value
+
+
+def _hashes(name: str, lineno: int, value: object, where: str) -> tuple[str, ...]:
+    """Block hashes as the trace holds them: vLLM's, as hex strings (opaque: only their
+    equality matters)."""
+    if not isinstance(value, list) or not all(
+        isinstance(h, str) and h and all(c in _HEX for c in h) for h in value
+    ):
+        raise TraceError(f"trace {name!r} line {lineno}: {where} must be a list of hex strings")
+    return tuple(value)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hash_lookahead(header: TraceHeader) -> int:
+    """The tokens past each block its hash covers in the vLLM that recorded the trace
+    (0.33's lookahead hashes for EAGLE-style drafters: each hash made that much later)."""
+    if header.settings.get("disable_lookahead_block_hashes"):
+        return 0
+    spec = header.config.speculative_config
+    release = ".".join(header.vllm_version.split(".")[:2])
+    rule = HitRule.of(release, None if spec is None else spec.method)
+    return rule.num_hash_lookahead_tokens
+
+
+class _HashChain:
+    """Checks a trace's block hashes against its own block size and chain.
+
+    A request holds at most one hash per full block of its tokens so far (its prompt and
+    every token it kept; vLLM hashes a block once it is full, and with ``lookahead`` once
+    that many tokens follow it). Hashes chain: one hash stands for one prefix, so it sits
+    at one block position and follows one parent, whichever requests hold it.
+    """
+
+    def __init__(self, name: str, block_size: int, prefix_caching: bool, lookahead: int) -> None:
+        self._name = name
+        self._block_size = block_size
+        self._prefix_caching = prefix_caching
+        self._lookahead = lookahead
+        self._tokens: dict[str, int] = {}
+        self._held: dict[str, list[str]] = {}
+        self._seen: dict[str, tuple[int, str | None, str]] = {}
+        """hash -> (block position, parent hash, the first request holding it)."""
+
+    def check(self, lineno: int, entry: Entry) -> None:
+        if isinstance(entry, AddRequest):
+            if self._prefix_caching and entry.block_hashes is None:
+                raise TraceError(
+                    f"trace {self._name!r} line {lineno}: request {entry.request_id!r} carries"
+                    " no block_hashes, which every request of a trace recorded with"
+                    " enable_prefix_caching needs"
+                )
+            self._tokens[entry.request_id] = entry.prompt_len
+            self._held[entry.request_id] = []
+            if entry.block_hashes is not None:
+                self._extend(lineno, entry.request_id, entry.block_hashes)
+        elif isinstance(entry, ModelOutput):
+            for rid, n in entry.num_sampled.items():
+                if rid in self._tokens:
+                    self._tokens[rid] += entry.stopped.get(rid, n)
+            for rid, hashes in entry.block_hashes.items():
+                if rid not in self._held:
+                    raise TraceError(
+                        f"trace {self._name!r} line {lineno}: block_hashes for {rid!r},"
+                        " a request the trace never added"
+                    )
+                self._extend(lineno, rid, hashes)
+
+    def _extend(self, lineno: int, rid: str, hashes: tuple[str, ...]) -> None:
+        held = self._held[rid]
+        where = f"trace {self._name!r} line {lineno}: request {rid!r}"
+        tokens = self._tokens[rid]
+        full = max(tokens - self._lookahead, 0) // self._block_size
+        if len(held) + len(hashes) > full:
+            past = f", hashed once {self._lookahead} more follow" if self._lookahead else ""
+            raise TraceError(
+                f"{where} holds {len(held) + len(hashes)} block hashes, more than the {full}"
+                f" full blocks of block_size {self._block_size} in its {tokens} tokens so"
+                f" far{past}"
+            )
+        for block_hash in hashes:
+            position, parent = len(held), held[-1] if held else None
+            seen = self._seen.setdefault(block_hash, (position, parent, rid))
+            if seen[0] != position:
+                raise TraceError(
+                    f"{where}: block hash {block_hash} at block {position}, and at block"
+                    f" {seen[0]} of request {seen[2]!r}: one hash, two positions in the chain"
+                )
+            if seen[1] != parent:
+                raise TraceError(
+                    f"{where}: block hash {block_hash} follows {parent}, and {seen[1]} in"
+                    f" request {seen[2]!r}: a shared hash whose preceding hashes differ"
+                )
+            held.append(block_hash)
 
 
 def _entry(name: str, lineno: int, obj: dict[str, Any], version: int, steps: int) -> Entry:
     kind = obj.get("event")
     try:
         if kind == "add_request":
+            hashes = None
+            if "block_hashes" in obj:
+                where = "add_request.block_hashes"
+                value = _since(name, lineno, obj["block_hashes"], where, version)
+                hashes = _hashes(name, lineno, value, where)
             return AddRequest(
                 request_id=str(obj["request_id"]),
                 prompt_len=int(obj["prompt_len"]),
                 max_tokens=int(obj["max_tokens"]),
                 priority=int(obj.get("priority", 0)),
                 arrival_time=float(obj.get("arrival_time", 0.0)),
+                block_hashes=hashes,
             )
         if kind == "abort":
             return Abort(str(obj["request_id"]))
@@ -414,6 +588,12 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     rejections, so the rates fold in how often real drafts were there. What does not
     carry over is the verify width: a step the trace ran at width 1 is simulated at
     ``1 + K``, so step counts of a what-if are model results, not replays.
+
+    A prefix-cached trace (version 3) keeps what its prompts shared: each request gets
+    prompt ids made from its recorded block hashes (``prompt_ids_from_hashes``), so two
+    prompts share a block in the what-if exactly where vLLM found them sharing one. Its
+    outputs are the simulation's own ids, so a later turn's blocks over an earlier reply
+    are shared no more.
     """
     arrivals: dict[str, tuple[AddRequest, int]] = {}
     aborts: dict[str, int] = {}
@@ -455,6 +635,7 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     if not arrivals:
         raise TraceError(f"trace {trace.path!r}: holds no request to simulate")
     rates = tuple(a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True))
+    block_size = trace.header.config.block_size
     requests = tuple(
         RequestSpec(
             id=rid,
@@ -463,8 +644,21 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
             arrival_step=step,
             priority=event.priority,
             abort_step=max(aborts[rid], step) if rid in aborts else None,
+            prompt_token_ids=None
+            if event.block_hashes is None
+            else prompt_ids_from_hashes(rid, event.prompt_len, event.block_hashes, block_size),
         )
         for rid, (event, step) in arrivals.items()
     )
     acceptance = Acceptance(fixed=None, per_position=rates, seed=seed)
     return validate(Scenario(profile, trace.header.config, requests, acceptance))
+
+
+def prompt_ids_from_hashes(
+    request_id: str, prompt_len: int, block_hashes: Sequence[str], block_size: int
+) -> tuple[int, ...]:
+    """Prompt ids that share a block with another prompt's exactly where their recorded
+    hashes are equal: each hashed block the ids of its hash, the rest the request's own.
+    Because a hash stands for its whole prefix, equal ids chain back to equal hashes."""
+    ids = [i for h in block_hashes for i in segment(f"block:{h}", block_size)]
+    return (*ids, *segment(f"tail:{request_id}", prompt_len - len(ids)))

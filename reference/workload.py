@@ -5,6 +5,11 @@ inter-arrival times, in steps), prompt and output lengths (fixed, lognormal or Z
 and draft acceptance (per-position rates). The same seed gives the same scenario,
 byte for byte; ``schedule``, ``fuzz`` and the trace-recording script all read it.
 
+Prompts are lengths, but for a workload with ``PromptSharing``: its requests carry token
+ids, for prefix caching (every prompt after one system prompt, some of them the next
+turn of an earlier request). Any other prompt gets ids shared with no other request from
+the driver when prefix caching is on (``reference.token_ids``).
+
 Acceptance rates are *unconditional* per-position rates, the way serving benchmarks
 publish them (the fraction of steps whose draft at position j was accepted). The scenario
 format's ``per_position`` is conditional (position j accepted given j-1 was), so the
@@ -29,6 +34,7 @@ from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.errors import BadInput
 
 from .scenario import Acceptance, RequestSpec, Scenario, scenario_to_json, validate
+from .token_ids import output_token_id, segment
 
 
 class WorkloadError(BadInput):
@@ -87,6 +93,19 @@ class Arrivals:
 
 
 @dataclass(frozen=True)
+class PromptSharing:
+    """What prompts share, for prefix caching. Every prompt starts with the same
+    ``system_prompt_len`` ids, then its own turn of ``Workload.prompt_len`` ids; with
+    probability ``follow_up`` a request (not the first) is instead the next turn of an
+    earlier request, drawn uniformly: that request's prompt, its whole reply
+    (``max_tokens`` of its output id, ``reference.token_ids``), then a new turn. A prompt
+    is cut at ``max_model_len - 1`` ids."""
+
+    system_prompt_len: int
+    follow_up: float = 0.0
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str
     config: EngineConfig
@@ -99,15 +118,26 @@ class Workload:
     profile: str = "vllm-0.32"
     priorities: Sequence[int] = field(default=(0,))
     summary: str = ""
+    sharing: PromptSharing | None = None
+    """Prompts with a shared prefix (token ids in every request); None: no sharing."""
 
     def scenario(self, seed: int, profile: str | None = None) -> Scenario:
         rng = random.Random(f"{self.name}:{seed}")
         arrival_steps = self.arrivals.steps(rng, self.num_requests)
         limit = self.config.max_model_len
+        prompts = None
+        if self.sharing is not None:
+            # A generator of its own: sharing draws nothing from the lengths' one.
+            label = f"{self.name}:{seed}"
+            prompts = PromptIds(self.sharing, label, random.Random(f"{label}:turns"), limit - 1)
         requests = []
         for i, arrival in enumerate(arrival_steps):
-            prompt = min(self.prompt_len.draw(rng), limit - 1)
+            turn = self.prompt_len.draw(rng)
+            ids = None if prompts is None else prompts.next(str(i), turn)
+            prompt = min(turn, limit - 1) if ids is None else len(ids)
             output = min(self.output_len.draw(rng), limit - prompt)
+            if prompts is not None and ids is not None:
+                prompts.done(str(i), ids, output)
             requests.append(
                 RequestSpec(
                     id=str(i),
@@ -115,12 +145,38 @@ class Workload:
                     max_tokens=output,
                     arrival_step=arrival,
                     priority=rng.choice(list(self.priorities)),
+                    prompt_token_ids=ids,
                 )
             )
         acceptance = Acceptance(
             fixed=None, per_position=conditional_rates(self.acceptance_rates), seed=seed
         )
         return validate(Scenario(profile or self.profile, self.config, tuple(requests), acceptance))
+
+
+class PromptIds:
+    """The prompts' ids under ``sharing``, one request after another."""
+
+    def __init__(self, sharing: PromptSharing, label: str, rng: random.Random, limit: int) -> None:
+        self.sharing = sharing
+        self.label = label
+        self.rng = rng
+        self.limit = limit
+        self.turns: list[tuple[str, tuple[int, ...], int]] = []
+        """Every request so far: its id, prompt ids and max_tokens."""
+        self.system = segment(f"{label}:system", sharing.system_prompt_len)
+
+    def next(self, request_id: str, turn: int) -> tuple[int, ...]:
+        """The prompt of ``request_id``, ending with a turn of ``turn`` ids of its own."""
+        head = self.system
+        earlier = self.turns
+        if earlier and self.rng.random() < self.sharing.follow_up:
+            rid, prompt, reply = earlier[self.rng.randrange(len(earlier))]
+            head = prompt + (output_token_id(rid),) * reply
+        return (head + segment(f"{self.label}:turn:{request_id}", turn))[: self.limit]
+
+    def done(self, request_id: str, prompt: tuple[int, ...], max_tokens: int) -> None:
+        self.turns.append((request_id, prompt, max_tokens))
 
 
 def conditional_rates(unconditional: Sequence[float]) -> tuple[float, ...]:
@@ -208,6 +264,27 @@ PRESETS: dict[str, Workload] = {
             acceptance_rates=(0.6, 0.4, 0.3, 0.2, 0.15, 0.1, 0.08),
             profile="vllm-0.33",
             summary="low concurrency, long Zipf prompts, bursty Gamma arrivals, DFlash K=7",
+        ),
+        Workload(
+            "chat-system-prompt",
+            _config(
+                max_num_batched_tokens=256,
+                max_num_seqs=32,
+                max_model_len=2048,
+                num_gpu_blocks=1024,
+                speculative_config=SpeculativeConfig("eagle3", 4, True),
+                enable_prefix_caching=True,
+            ),
+            num_requests=256,
+            arrivals=Arrivals("poisson", rate=2.0),
+            # The user's turn; every prompt is the system prompt or an earlier prompt first.
+            prompt_len=Lengths("lognormal", 100, 0.9, 4, 1000),
+            output_len=Lengths("lognormal", 150, 0.8, 1, 512),
+            acceptance_rates=(0.7, 0.5, 0.35, 0.25),
+            profile="vllm-0.33",
+            sharing=PromptSharing(system_prompt_len=512, follow_up=0.25),
+            summary="chat-poisson's arrivals and outputs, every prompt after one 512-token"
+            " system prompt, a quarter of them follow-up turns; prefix caching on, P-EAGLE K=4",
         ),
     )
 }

@@ -6,12 +6,13 @@
 #   scripts/record-gpu.sh MODEL '{"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 3}' [OUT]
 #
 # Knobs (environment): PORT (8011), MAX_NUM_BATCHED_TOKENS (2048), MAX_NUM_SEQS (64),
-# NUM_PROMPTS (200), INPUT_LEN (512), OUTPUT_LEN (256), REQUEST_RATE (inf),
+# NUM_PROMPTS (200), INPUT_LEN (512), OUTPUT_LEN (256), PREFIX_LEN (256, a prefix every
+# prompt shares, so that requests hit the prefix cache), REQUEST_RATE (inf),
 # VLLM (the vLLM command, default `vllm`), PYTHON (default python3).
-# vLLM's defaults otherwise: async scheduling as vLLM resolves it (on for model-based
-# drafters; the recorder then records vLLM's AsyncScheduler) and requests that stop on EOS
-# (no --ignore-eos). Prefix caching alone is turned off: the reference does not model it
-# yet, and replay refuses a trace recorded with it, naming enable_prefix_caching.
+# vLLM's defaults throughout: async scheduling as vLLM resolves it (on for model-based
+# drafters; the recorder then records vLLM's AsyncScheduler), prefix caching on (the
+# trace carries vLLM's block hashes, docs/traces.md) and requests that stop on EOS (no
+# --ignore-eos).
 set -euo pipefail
 model=${1:?usage: record-gpu.sh MODEL SPECULATIVE_CONFIG_JSON [OUT.ndjson]}
 speculative=${2:?usage: record-gpu.sh MODEL SPECULATIVE_CONFIG_JSON [OUT.ndjson]}
@@ -25,7 +26,6 @@ export DUALBUDGET_TRACE=$out DUALBUDGET_TRACE_SOURCE=engine
   --model "$model" --port "$port" \
   --speculative-config "$speculative" \
   --scheduler-cls dualbudget.integration.recorder.RecordingScheduler \
-  --no-enable-prefix-caching \
   --max-num-batched-tokens "${MAX_NUM_BATCHED_TOKENS:-2048}" \
   --max-num-seqs "${MAX_NUM_SEQS:-64}" &
 server=$!
@@ -41,6 +41,7 @@ done
 
 "$vllm" bench serve --backend vllm --model "$model" --port "$port" \
   --dataset-name random --random-input-len "${INPUT_LEN:-512}" \
+  --random-prefix-len "${PREFIX_LEN:-256}" \
   --random-output-len "${OUTPUT_LEN:-256}" --num-prompts "${NUM_PROMPTS:-200}" \
   --request-rate "${REQUEST_RATE:-inf}"
 

@@ -11,10 +11,13 @@ are shaped like serving: many concurrent requests, mixed prompt lengths, a small
 Needs the engine's extra packages in that environment (requirements/vllm-engine.txt).
 The first three traces were recorded with async scheduling and prefix caching turned off
 and ``ignore_eos``. The ``*-stops`` traces keep vLLM's defaults but prefix caching, which
-the reference does not model yet (reference/settings.py): async scheduling as vLLM
-resolves it (the CPU platform turns it off), and requests that stop on EOS or on stop
-tokens, sampled at temperature 1 (from the engine's seed: vLLM's CPU sampler refuses
-per-request seeds under speculative decoding) so that some of them stop.
+the reference did not model when they were recorded: async scheduling as vLLM resolves it
+(the CPU platform turns it off), and requests that stop on EOS or on stop tokens, sampled
+at temperature 1 (from the engine's seed: vLLM's CPU sampler refuses per-request seeds
+under speculative decoding) so that some of them stop. The ``*-prefix`` trace keeps every
+default, prefix caching on included, and serves prompts that share prefixes: a system
+prompt common to the first round, exact repeats, and a second round of follow-up turns
+(an earlier request's prompt and output, then more).
 """
 
 from __future__ import annotations
@@ -70,8 +73,68 @@ def prompts(seed: int, count: int, lengths: tuple[int, int]) -> list[dict[str, A
     return out
 
 
+def shared_prefix_prompts(
+    seed: int, workload: dict[str, Any], block_size: int
+) -> list[dict[str, Any]]:
+    """The first round of a prefix-sharing workload: one system prompt of
+    ``system_prompt`` tokens before every request's own part; the last
+    ``exact_repeats`` requests repeat earlier prompts exactly, and the
+    ``full_hit_repeats`` before them repeat an earlier prompt cut to one token past a
+    block boundary, so that everything but their last token hits (a full hit)."""
+    rng = random.Random(seed)
+    system = [rng.randrange(3, 1000) for _ in range(workload["system_prompt"])]
+    out = [
+        {"prompt_token_ids": system + p["prompt_token_ids"]}
+        for p in prompts(seed, workload["requests"], workload["prompt_lens"])
+    ]
+    exact = len(out) - workload.get("exact_repeats", 0)
+    for i in range(exact - workload.get("full_hit_repeats", 0), exact):
+        ids = out[rng.randrange(i)]["prompt_token_ids"]
+        out[i] = {"prompt_token_ids": ids[: (len(ids) - 1) // block_size * block_size + 1]}
+    for i in range(exact, len(out)):
+        out[i] = dict(out[rng.randrange(i)])
+    return out
+
+
+def follow_up_turns(
+    seed: int, workload: dict[str, Any], first: list[dict[str, Any]], outputs: list[Any]
+) -> list[dict[str, Any]]:
+    """The second round: ``turns`` requests, each an earlier request's prompt and the
+    tokens vLLM answered it with, then a new part (a conversation's next turn)."""
+    rng = random.Random(seed + 1)
+    picks = rng.sample(range(len(first)), workload["turns"])
+    return [
+        {
+            "prompt_token_ids": first[i]["prompt_token_ids"]
+            + list(outputs[i].outputs[0].token_ids)
+            + [rng.randrange(3, 1000) for _ in range(rng.randint(*workload["turn_lens"]))]
+        }
+        for i in picks
+    ]
+
+
+def sampling(rng: random.Random, workload: dict[str, Any], count: int) -> list[Any]:
+    from vllm import SamplingParams
+
+    stops = workload.get("stop_token_ids")
+    return [
+        SamplingParams(
+            max_tokens=rng.randint(*workload["max_tokens"]),
+            ignore_eos=True,
+            temperature=0.0,
+        )
+        if stops is None
+        else SamplingParams(
+            max_tokens=rng.randint(*workload["max_tokens"]),
+            temperature=1.0,
+            stop_token_ids=list(stops),
+        )
+        for _ in range(count)
+    ]
+
+
 def record(path: Path, model: str, llm_kwargs: dict[str, Any], workload: dict[str, Any]) -> None:
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     os.environ["DUALBUDGET_TRACE"] = str(path)
     started = time.monotonic()
@@ -84,26 +147,21 @@ def record(path: Path, model: str, llm_kwargs: dict[str, Any], workload: dict[st
         **llm_kwargs,
     )
     rng = random.Random(workload["seed"])
-    batch = prompts(workload["seed"], workload["requests"], workload["prompt_lens"])
-    stops = workload.get("stop_token_ids")
-    params = [
-        SamplingParams(
-            max_tokens=rng.randint(*workload["max_tokens"]),
-            ignore_eos=True,
-            temperature=0.0,
-        )
-        if stops is None
-        else SamplingParams(
-            max_tokens=rng.randint(*workload["max_tokens"]),
-            temperature=1.0,
-            stop_token_ids=list(stops),
-        )
-        for _ in batch
-    ]
+    if "system_prompt" in workload:
+        batch = shared_prefix_prompts(workload["seed"], workload, llm_kwargs["block_size"])
+    else:
+        batch = prompts(workload["seed"], workload["requests"], workload["prompt_lens"])
+    params = sampling(rng, workload, len(batch))
     priority = None
     if llm_kwargs.get("scheduling_policy") == "priority":
         priority = [rng.randint(0, 3) for _ in batch]
     outputs = llm.generate(batch, params, priority=priority, use_tqdm=False)
+    if workload.get("turns"):
+        # The same engine serves the next turns, so they find the first round's blocks
+        # in its cache (those not evicted since): one trace of both rounds.
+        turns = follow_up_turns(workload["seed"], workload, batch, outputs)
+        outputs += llm.generate(turns, sampling(rng, workload, len(turns)), use_tqdm=False)
+        batch += turns
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     stopped = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
     llm.llm_engine.engine_core.shutdown()
@@ -208,6 +266,31 @@ TRACES: dict[str, dict[str, Any]] = {
             "prompt_lens": (4, 160),
             "max_tokens": (16, 80),
             "stop_token_ids": STOP_TOKEN_IDS,
+        },
+    },
+    "engine-draft-model-k3-prefix": {
+        "draft": True,
+        "draft_seed": 0,
+        "llm": {
+            # vLLM's defaults: prefix caching on, async scheduling as vLLM resolves it.
+            "max_model_len": 448,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 8,
+            "block_size": 32,
+            "num_gpu_blocks_override": 16,
+            "speculative_config": {"method": "draft_model", "num_speculative_tokens": 3},
+        },
+        "workload": {
+            "seed": 6,
+            "requests": 20,
+            "prompt_lens": (8, 100),
+            "max_tokens": (16, 64),
+            "stop_token_ids": STOP_TOKEN_IDS,
+            "system_prompt": 96,
+            "exact_repeats": 3,
+            "full_hit_repeats": 2,
+            "turns": 10,
+            "turn_lens": (8, 40),
         },
     },
 }

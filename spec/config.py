@@ -5,7 +5,8 @@ are named here, never invented: ``enable_chunked_prefill`` True,
 ``long_prefill_token_threshold`` 0 (off), ``scheduling_policy`` ``fcfs``,
 ``max_num_scheduled_tokens`` None (vLLM then uses ``max_num_batched_tokens``),
 ``async_scheduling`` False (vLLM's own default is None, resolved per method and model
-runner; the project states it explicitly).
+runner; the project states it explicitly), ``enable_prefix_caching`` False (vLLM's own
+default is True for decoder language models; the project states it explicitly too).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class EngineConfig:
     async_scheduling: bool = False
     """vLLM's ``SchedulerConfig.async_scheduling``: the engine schedules step n+1 before
     step n's output is back (``AsyncScheduler``, a batch queue of depth 2)."""
+    enable_prefix_caching: bool = False
+    """vLLM's ``CacheConfig.enable_prefix_caching``: full blocks are cached by their hash
+    chain and a new request starts at its longest cached prefix (docs/design.md §6)."""
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -147,6 +151,11 @@ def check_engine_config(config: EngineConfig) -> None:
     if not isinstance(config.async_scheduling, bool):
         raise ConfigError(
             "async_scheduling", f"must be true or false, got {config.async_scheduling!r}"
+        )
+    if not isinstance(config.enable_prefix_caching, bool):
+        raise ConfigError(
+            "enable_prefix_caching",
+            f"must be true or false, got {config.enable_prefix_caching!r}",
         )
     spec = config.speculative_config
     if spec is not None:

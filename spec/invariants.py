@@ -12,6 +12,7 @@ have done, so only the proofs (and the tests) evaluate them.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -121,16 +122,18 @@ def step_totals(
     """
     if per_q is None:
         per_q = {}
-    tokens = rows = draft_rows = 0
-    for q in scheduled.values():
+    target_rows = tokens = rows = draft_rows = 0
+    # A step's requests share few distinct q (decodes all take 1 + K): count them first.
+    for q, count in Counter(scheduled.values()).items():
         of_q = per_q.get(q)
         if of_q is None:
             charge = policy.charge(p, q)
             of_q = per_q[q] = (charge.tokens, charge.rows, p.draft_rows(q))
-        tokens += of_q[0]
-        rows += of_q[1]
-        draft_rows += of_q[2]
-    return StepTotals(sum(scheduled.values()), draft_rows, Charge(tokens, rows))
+        target_rows += count * q
+        tokens += count * of_q[0]
+        rows += count * of_q[1]
+        draft_rows += count * of_q[2]
+    return StepTotals(target_rows, draft_rows, Charge(tokens, rows))
 
 
 def step_violations(

@@ -35,12 +35,13 @@ CONFIG_OPTIONAL = frozenset(
         "max_num_scheduled_tokens",
         "speculative_config",
         "async_scheduling",
+        "enable_prefix_caching",
     }
 )
 SPECULATIVE_REQUIRED = frozenset({"method", "num_speculative_tokens"})
 SPECULATIVE_OPTIONAL = frozenset({"parallel_drafting", "dspark_layout"})
 REQUEST_REQUIRED = frozenset({"id", "prompt_len", "max_tokens"})
-REQUEST_OPTIONAL = frozenset({"arrival_step", "priority", "abort_step"})
+REQUEST_OPTIONAL = frozenset({"arrival_step", "priority", "abort_step", "prompt_token_ids"})
 ACCEPTANCE_KINDS = ("fixed", "per_position", "explicit")
 """Exactly one of these keys makes an ``acceptance`` object (``per_position`` with a
 ``seed``)."""
@@ -49,8 +50,9 @@ DRAFTS_KINDS = ("fixed", "explicit")
 
 def config_to_json(config: EngineConfig) -> dict[str, Any]:
     """The ``config`` object, in vLLM's names: every key written, defaults included, but
-    ``max_num_scheduled_tokens`` only when set, ``speculative_config`` and
-    ``async_scheduling`` only when on (so that every synchronous file reads as before)."""
+    ``max_num_scheduled_tokens`` only when set, ``speculative_config``,
+    ``async_scheduling`` and ``enable_prefix_caching`` only when on (so that every file
+    written before they existed reads as before)."""
     out: dict[str, Any] = {name: getattr(config, name) for name in CONFIG_INTS}
     out.update(
         enable_chunked_prefill=config.enable_chunked_prefill,
@@ -71,6 +73,8 @@ def config_to_json(config: EngineConfig) -> dict[str, Any]:
         out["speculative_config"] = speculative
     if config.async_scheduling:
         out["async_scheduling"] = True
+    if config.enable_prefix_caching:
+        out["enable_prefix_caching"] = True
     return out
 
 
@@ -81,7 +85,10 @@ def request_json(
     arrival_step: int = 0,
     priority: int = 0,
     abort_step: int | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
+    """One request; ``prompt_token_ids`` (its prompt's ids, for prefix caching) only when
+    it has them."""
     out: dict[str, Any] = {
         "id": request_id,
         "prompt_len": prompt_len,
@@ -91,6 +98,8 @@ def request_json(
     }
     if abort_step is not None:
         out["abort_step"] = abort_step
+    if prompt_token_ids is not None:
+        out["prompt_token_ids"] = list(prompt_token_ids)
     return out
 
 

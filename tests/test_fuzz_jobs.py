@@ -28,7 +28,7 @@ def _fuzz(tmp_path: Path, jobs: int) -> FuzzResult:
     return run_fuzz(
         profile=live_profile_name(),
         vllm_version=require_live_vllm(),
-        examples=16,
+        examples=2 * len(AIMS),  # one unit per (layout, aim)
         seed=5,
         out_dir=tmp_path / f"jobs{jobs}",
         known_findings=frozenset(),
@@ -52,7 +52,7 @@ def _totals(result: FuzzResult) -> dict[str, Any]:
 
 def test_one_and_two_jobs_give_the_same_run(tmp_path: Path) -> None:
     one, two = _fuzz(tmp_path, 1), _fuzz(tmp_path, 2)
-    assert one.examples >= 16 and one.steps > 0
+    assert one.examples >= 2 * len(AIMS) and one.steps > 0
     assert set(one.examples_by_unit) == {f"{lay}/{aim}" for lay in LAYOUTS for aim in AIMS}
     assert _totals(one) == _totals(two)
 

@@ -14,7 +14,7 @@ from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import ModelOutput, StepRecord
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.scenario import Scenario, load_scenario, validate
-from dualbudget.reference.trace import read_trace
+from dualbudget.reference.trace import VERSION, read_trace
 
 pytestmark = pytest.mark.live
 
@@ -86,7 +86,7 @@ def test_natural_stops_are_recorded_from_vllm_and_replay(
     path = tmp_path / "stops.ndjson"
     steps = write_scheduler_trace(scenario, path)
     trace = read_trace(path)
-    assert trace.header.version == 2 and trace.steps == steps > 3
+    assert trace.header.version == VERSION and trace.steps == steps > 3
     assert trace.header.async_scheduling is async_scheduling
     expected = "AsyncScheduler" if async_scheduling else "Scheduler"
     assert trace.header.scheduler_class.rsplit(".", 1)[1] == expected

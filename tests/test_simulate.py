@@ -11,6 +11,7 @@ import pytest
 
 from dualbudget.cli import main
 from dualbudget.reference.scenario import Scenario, parse_scenario
+from dualbudget.reference.scheduler import OBSERVED, PREFIX_OBSERVED
 from dualbudget.reference.simulate import (
     StepTimeModel,
     dist,
@@ -18,6 +19,8 @@ from dualbudget.reference.simulate import (
     simulate,
     to_json,
 )
+from dualbudget.reference.token_ids import segment
+from dualbudget.reference.workload import preset
 
 
 def scenario_json(
@@ -153,10 +156,11 @@ def test_time_model_and_json_schema() -> None:
     assert t["itl_s_mean"] == 1.5  # (6 - 3) / 2
     assert t["output_tokens_per_s"] == pytest.approx(3 / 7)
     doc = to_json("w", [r])
-    assert set(doc) == {"workload", "calibration", "profiles"}
+    assert set(doc) == DOCUMENT_KEYS
     assert set(doc["profiles"][0]) == SCHEMA_KEYS
 
 
+DOCUMENT_KEYS = {"workload", "calibration", "enable_prefix_caching", "profiles"}
 SCHEMA_KEYS = {
     "profile",
     "steps",
@@ -168,6 +172,15 @@ SCHEMA_KEYS = {
     "output_tokens",
     "seconds",
     "tokens_per_s",
+    "prefix_cache",
+}
+PREFIX_KEYS = {
+    "hit_tokens",
+    "prompt_tokens",
+    "hit_rate",
+    "requests",
+    "requests_with_hit",
+    "events",
 }
 
 
@@ -180,13 +193,16 @@ def test_cli_simulate_writes_the_issue_schema(
     code = main(["simulate", "--scenario", str(path), "--json", str(out), "--jobs", "2"])
     assert code == 0
     doc = json.loads(out.read_text())
-    assert set(doc) == {"workload", "calibration", "profiles"}
+    assert set(doc) == DOCUMENT_KEYS
+    assert doc["enable_prefix_caching"] is False
     assert [p["profile"] for p in doc["profiles"]] == ["vllm-0.32", "vllm-0.33", "dual"]
     for p in doc["profiles"]:
         assert set(p) == SCHEMA_KEYS
         for key in ("requests_per_step", "target_tokens_per_step", "draft_rows_per_step"):
             assert set(p[key]) == {"mean", "p50", "p99", "max"}
         assert set(p["ttft_steps"]) == {"mean", "p99"}
+        assert set(p["prefix_cache"]) == PREFIX_KEYS
+        assert set(p["prefix_cache"]["events"]) == set(PREFIX_OBSERVED)
     assert [p["steps"] for p in doc["profiles"]] == [6, 4, 4]
     text = capsys.readouterr().out
     assert "ratio steps" in text and "0.667" in text  # 4 / 6
@@ -238,6 +254,130 @@ def test_cli_simulate_bad_input_exits_2(
 def test_cli_simulate_missing_scenario_exits_2(tmp_path: Path) -> None:
     assert main(["simulate", "--scenario", str(tmp_path / "missing.json")]) == 2
     assert main(["simulate", "--workload", "no-such-preset"]) == 2
+
+
+SHARED = segment("test-simulate:shared", 8)
+PREFIX_SCENARIO = {
+    # block_size 4, no drafts, a loose budget. r0: 8 shared ids + 1, arrives at step 0;
+    # at step 1 r1 (the 8 shared ids + 2 of its own) and r2 (r0's prompt again) arrive.
+    # Step 0 schedules r0's 9 prompt tokens and caches its 2 full blocks (the shared ids).
+    # Step 1: r0 decodes 1; r1 hits both blocks, which r0 holds (8 tokens, 2 left to
+    # compute); r2's 2 full blocks hit too, 8 = num_tokens - 1: a full hit, one token.
+    # Hits: 16 of 28 prompt tokens, 2 of 3 requests. Without caching r1 and r2 prefill.
+    "profile": "vllm-0.33",
+    "config": {
+        "max_num_batched_tokens": 32,
+        "max_num_seqs": 4,
+        "max_model_len": 64,
+        "block_size": 4,
+        "num_gpu_blocks": 64,
+        "enable_prefix_caching": True,
+    },
+    "requests": [
+        {"id": "r0", "prompt_len": 9, "max_tokens": 3, "prompt_token_ids": [*SHARED, 30]},
+        {
+            "id": "r1", "prompt_len": 10, "max_tokens": 3, "arrival_step": 1,
+            "prompt_token_ids": [*SHARED, 31, 32],
+        },
+        {
+            "id": "r2", "prompt_len": 9, "max_tokens": 3, "arrival_step": 1,
+            "prompt_token_ids": [*SHARED, 30],
+        },
+    ],
+}  # fmt: skip
+
+
+def test_prefix_hits_worked_by_hand() -> None:
+    assert set(PREFIX_OBSERVED) <= set(OBSERVED)  # the scheduler's own counters, by name
+    on = simulate(parse_scenario(PREFIX_SCENARIO), "vllm-0.33")
+    assert on.target_per_step[:2] == [9, 1 + 2 + 1]
+    stats = on.prefix
+    assert (stats.requests, stats.requests_with_hit) == (3, 2)
+    assert (stats.hit_tokens, stats.prompt_tokens) == (16, 28)
+    assert stats.hit_rate == pytest.approx(16 / 28)
+    assert stats.events["prefix_hit"] == 2
+    assert stats.events["full_prefix_hit"] == 1
+    assert stats.events["hit_on_running_block"] > 0
+    assert stats.events["cached_block_evicted"] == stats.events["resume_rehit"] == 0
+    off_json = {**PREFIX_SCENARIO, "config": {**PREFIX_SCENARIO["config"]}}
+    off_json["config"]["enable_prefix_caching"] = False
+    off = simulate(parse_scenario(off_json), "vllm-0.33")
+    assert off.target_per_step[:2] == [9, 1 + 10 + 9]
+    assert not off.prefix_caching
+    assert off.prefix.to_json() == {
+        "hit_tokens": 0,
+        "prompt_tokens": 0,
+        "hit_rate": 0.0,
+        "requests": 0,
+        "requests_with_hit": 0,
+        "events": dict.fromkeys(PREFIX_OBSERVED, 0),
+    }
+
+
+@pytest.mark.parametrize(
+    ("profile", "hits", "step_1", "full_hits"),
+    [
+        # 0.32, an eagle drafter: the last hit block is dropped. r1 and r2 each hit block 0
+        # (4 tokens): step 1 is r0's decode 1 + 2 drafts, r1's 6 left, r2's 5 left.
+        ("vllm-0.32", 4 + 4, 3 + 6 + 5, 0),
+        # 0.33: each block's hash covers the next token too (1 lookahead), and a request
+        # hashes num_tokens - 1 of its tokens: block 1 of r1 is followed by 31, r0's by 30,
+        # so r1 hits block 0 only (6 left), r2 both (8 = num_tokens - 1: a full hit, one
+        # token, padded to 1 + K = 3 while r0 decodes).
+        ("vllm-0.33", 4 + 8, 3 + 6 + 3, 1),
+    ],
+)
+def test_prefix_hits_per_release_under_eagle_and_async(
+    profile: str, hits: int, step_1: int, full_hits: int
+) -> None:
+    # PREFIX_SCENARIO with EAGLE-3 K=2 and async scheduling: the releases hit differently.
+    config = {
+        **PREFIX_SCENARIO["config"],
+        "async_scheduling": True,
+        "speculative_config": {"method": "eagle3", "num_speculative_tokens": 2},
+    }
+    r = simulate(parse_scenario({**PREFIX_SCENARIO, "config": config}), profile)
+    assert r.target_per_step[:2] == [9, step_1]
+    assert (r.prefix.hit_tokens, r.prefix.prompt_tokens, r.prefix.requests_with_hit) == (
+        hits,
+        28,
+        2,
+    )
+    assert r.prefix.events["full_prefix_hit"] == full_hits
+
+
+def test_cli_simulate_the_system_prompt_preset_on_and_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # chat-system-prompt turns prefix caching on: every profile hits, in the table and the
+    # JSON; --no-enable-prefix-caching turns it off: no hit, and the table says off.
+    out = tmp_path / "on.json"
+    argv = ["simulate", "--workload", "chat-system-prompt", "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "enable_prefix_caching=True" in text.splitlines()[0]
+    (with_hit,) = [line for line in text.splitlines() if line.startswith("requests with a hit")]
+    doc = json.loads(out.read_text())
+    assert doc["enable_prefix_caching"] is True
+    for p in doc["profiles"]:
+        prefix = p["prefix_cache"]
+        assert prefix["requests"] == 256 and prefix["requests_with_hit"] > 0
+        assert 0 < prefix["hit_tokens"] <= prefix["prompt_tokens"]
+        assert prefix["hit_rate"] == prefix["hit_tokens"] / prefix["prompt_tokens"]
+        assert prefix["events"]["prefix_hit"] >= prefix["requests_with_hit"]
+        # The table's cells say the same.
+        assert f"{prefix['hit_tokens']} / {prefix['prompt_tokens']}" in text
+        assert f"{prefix['requests_with_hit']} / 256" in with_hit
+    off = tmp_path / "off.json"
+    assert main([*argv, "--no-enable-prefix-caching", "--json", str(off)]) == 0
+    text = capsys.readouterr().out
+    assert "enable_prefix_caching=False" in text.splitlines()[0]
+    assert "prefix hit tokens / prompt  off" in text
+    doc = json.loads(off.read_text())
+    assert doc["enable_prefix_caching"] is False
+    for p in doc["profiles"]:
+        assert p["prefix_cache"]["hit_tokens"] == p["prefix_cache"]["requests_with_hit"] == 0
+        assert p["prefix_cache"]["hit_rate"] == 0
 
 
 C3_WITNESS = {
@@ -319,3 +459,41 @@ def test_report_includes_a_fuzz_result_and_flags_vacuous_coverage(tmp_path: Path
     assert "divergence at step 4: scenario `d.json`" in lines
     path.write_text("{}")
     assert main(["report", "--out", str(tmp_path), "--quick", "--fuzz-json", str(path)]) == 2
+
+
+def test_cli_simulate_refuses_a_trace_it_cannot_hit_on(capsys: pytest.CaptureFixture[str]) -> None:
+    # A trace's requests carry no token ids: with the cache on, every request would get ids
+    # of its own and no hit; refused by name, not simulated with silent zeros.
+    trace = str(Path(__file__).parent / "data" / "traces" / "engine-ngram-k3-fcfs.ndjson")
+    assert main(["simulate", "--trace", trace, "--enable-prefix-caching"]) == 2
+    err = capsys.readouterr().err
+    assert "--no-enable-prefix-caching" in err and err.count("\n") == 1
+    assert main(["simulate", "--trace", trace, "--quiet", "--profile", "vllm-0.32"]) == 0
+
+
+def test_cli_simulate_a_prefix_cached_trace_hits(tmp_path: Path) -> None:
+    # A version-3 trace recorded with prefix caching: its requests get ids from vLLM's
+    # block hashes (reference/trace.py), so the what-if hits where vLLM's hashes matched.
+    trace = str(Path(__file__).parent / "data" / "traces" / "engine-draft-model-k3-prefix.ndjson")
+    on, off = tmp_path / "on.json", tmp_path / "off.json"
+    argv = ["simulate", "--trace", trace, "--quiet", "--profile", "vllm-0.32"]
+    assert main([*argv, "--json", str(on)]) == 0
+    assert main([*argv, "--no-enable-prefix-caching", "--json", str(off)]) == 0
+    hit = json.loads(on.read_text())["profiles"][0]["prefix_cache"]
+    assert 0 < hit["hit_tokens"] < hit["prompt_tokens"] and hit["requests_with_hit"] > 0
+    assert json.loads(off.read_text())["profiles"][0]["prefix_cache"]["hit_tokens"] == 0
+
+
+@pytest.mark.live
+def test_the_system_prompt_preset_runs_in_lockstep_with_vllm() -> None:
+    # The installed vLLM, prefix caching on, schedules the preset as the reference does
+    # (the same hits, or the scheduled tokens would differ): 300 steps, hits from step 1 on.
+    from dualbudget.integration.lockstep import run_in_lockstep
+    from dualbudget.integration.testing import live_profile_name
+
+    profile = live_profile_name()
+    scenario = preset("chat-system-prompt").scenario(seed=0).with_profile(profile)
+    steps, divergence = run_in_lockstep(scenario, max_steps=300)
+    assert divergence is None, divergence.report()
+    assert steps == 300
+    assert simulate(scenario, profile, max_steps=300).prefix.hit_tokens > 0

@@ -85,8 +85,8 @@ def test_another_profile_diverges(tmp_path: Path) -> None:
         (lambda lines: lines[:-1], "truncated: no end line"),
         (lambda lines: [*lines[:5], "{not json", *lines[5:]], "corrupt JSON"),
         (
-            lambda lines: [lines[0].replace('"version":2', '"version":7'), *lines[1:]],
-            "version 7, this reads versions 1 and 2 only",
+            lambda lines: [lines[0].replace('"version":3', '"version":7'), *lines[1:]],
+            "version 7, this reads versions 1, 2 and 3 only",
         ),
         (
             lambda lines: [lines[0].replace("dualbudget-trace", "other"), *lines[1:]],
@@ -97,7 +97,8 @@ def test_another_profile_diverges(tmp_path: Path) -> None:
                 lines[0].replace('"enable_prefix_caching":false', '"enable_prefix_caching":true'),
                 *lines[1:],
             ],
-            "recorded with enable_prefix_caching = true",
+            "carries no block_hashes, which every request of a trace recorded with"
+            " enable_prefix_caching needs",
         ),
         (
             lambda lines: [lines[0].replace('"0.32.0"', '"0.99.0"'), *lines[1:]],

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from dualbudget.reference.scenario import parse_scenario, scenario_to_json
+from dualbudget.reference.token_ids import output_token_id, segment
 from dualbudget.reference.workload import (
     PRESETS,
     Arrivals,
@@ -47,6 +48,34 @@ def test_the_dspark_bench_preset_is_the_published_run() -> None:
     for rate, conditional in zip(published, per_position, strict=True):
         reached *= conditional
         assert reached == pytest.approx(rate)
+
+
+def test_the_system_prompt_preset_shares_its_prefix() -> None:
+    workload = preset("chat-system-prompt")
+    assert workload.sharing is not None
+    n, label = workload.sharing.system_prompt_len, "chat-system-prompt:0"
+    scenario = workload.scenario(seed=0)
+    assert scenario.config.enable_prefix_caching
+    system = segment(f"{label}:system", n)
+    limit = scenario.config.max_model_len - 1
+    earlier: list[tuple[int, ...]] = []
+    follow_ups = 0
+    for r in scenario.requests:
+        ids = r.prompt_token_ids
+        assert ids is not None and len(ids) == r.prompt_len <= limit
+        assert ids[:n] == system  # every prompt, follow-up turns too
+        if ids != system + segment(f"{label}:turn:{r.id}", r.prompt_len - n):
+            # A follow-up: an earlier request's prompt and whole reply, then its own turn.
+            assert any(ids[: len(e)] == e[: len(ids)] for e in earlier)
+            follow_ups += 1
+        earlier.append(ids + (output_token_id(r.id),) * r.max_tokens)
+    assert 0.15 < follow_ups / len(scenario.requests) < 0.35  # follow_up = 0.25
+    # Another seed, another system prompt; the other presets carry no ids.
+    other = workload.scenario(seed=1).requests[0].prompt_token_ids
+    assert other is not None and other[:n] != system
+    for name in sorted(set(PRESETS) - {"chat-system-prompt"}):
+        assert preset(name).sharing is None
+        assert all(r.prompt_token_ids is None for r in preset(name).scenario(seed=0).requests)
 
 
 def test_conditional_rates_refuse_growing_rates() -> None:
