@@ -77,9 +77,13 @@ class DraftProposals:
 Event = AddRequest | Abort | ScheduleStep | ModelOutput | DraftProposals
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepRecord:
-    """One scheduling decision (docs/design.md §4.2)."""
+    """One scheduling decision (docs/design.md §4.2).
+
+    Not frozen: a frozen dataclass sets each field through ``object.__setattr__``, a cost
+    every step of every reference run pays (its maps and lists are mutable anyway, and a
+    scheduler hands out copies, never its own state)."""
 
     step: int
     num_scheduled_tokens: dict[str, int]

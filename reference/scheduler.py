@@ -653,10 +653,12 @@ class Scheduler:
                 raise InvalidEvent(
                     f"request {rid!r} sampled {num_sampled} tokens; at most 1 + {num_spec}"
                 )
-            request = requests[rid]
-            if request.status in FINISHED or not num_sampled:
+            if not num_sampled:
                 continue
-            is_stale = bool(stale) and rid in stale
+            request = requests[rid]
+            if request.status in FINISHED:
+                continue
+            is_stale = rid in stale if stale else False
             if num_spec and not is_stale:
                 # A stale rejection count predates the preemption's reset: not applied.
                 rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
@@ -669,16 +671,15 @@ class Scheduler:
             # rule, stop after the first i >= 1 appended tokens with
             # prompt_len + output + i >= max_model_len or output + i >= max_tokens.
             output = request.num_output_tokens
-            stop_after = max_model_len - request.prompt_len - output
-            to_max_tokens = request.max_tokens - output
-            if to_max_tokens < stop_after:
-                stop_after = to_max_tokens
+            stop_after = request.max_tokens - output
+            to_max_model_len = max_model_len - request.prompt_len - output
+            if to_max_model_len < stop_after:
+                stop_after = to_max_model_len
             if stop_after < 1:
                 stop_after = 1
-            natural = stopped.get(rid, 0) if stopped else 0
             status = None
             appended = num_sampled
-            if natural and natural <= stop_after:
+            if stopped and 0 < (natural := stopped.get(rid, 0)) <= stop_after:
                 appended, status = natural, FINISHED_STOPPED
                 self.observed["natural_stop"] += 1
             elif stop_after <= num_sampled:

@@ -96,9 +96,10 @@ class Violation:
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepTotals:
-    """What a finished step adds up to, from the tokens each request was scheduled."""
+    """What a finished step adds up to, from the tokens each request was scheduled.
+    (Made once per reference step: slots, not frozen, for the cost of a frozen init.)"""
 
     target_rows: int
     """``T``: the target forward's rows, the scheduled target tokens."""
