@@ -169,20 +169,12 @@ def shares(examples: int, layouts: list[str]) -> list[tuple[str, str, int]]:
 class FuzzResult(Outcome):
     profile: str
     vllm_version: str
-    examples: int = 0
-    steps: int = 0
-    refused_configs: int = 0
-    mirrored_crashes: int = 0
-    divergences: list[Divergence] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
     coverage: dict[str, dict[str, int]] = field(default_factory=dict)
     constructions: dict[str, set[str]] = field(default_factory=dict)
     examples_by_layout: dict[str, int] = field(default_factory=dict)
     examples_by_unit: dict[str, int] = field(default_factory=dict)
-    stopped_by_time: bool = False
-    seconds: float = 0.0
-    """Seconds of the fuzz, after ``warm_up_seconds`` of vLLM's one-off costs."""
     warm_up_seconds: float = 0.0
+    """vLLM's one-off costs, before ``seconds`` starts."""
 
     def totals(self) -> dict[str, int]:
         return {

@@ -86,12 +86,21 @@ class TimeUp(Exception):
     """Raised by a unit's first rule once its time is spent: ends that Hypothesis run."""
 
 
+@dataclass(kw_only=True)
 class Outcome:
-    """What stops a fuzz, for a unit (``UnitRun``) and a whole run (``fuzz.FuzzResult``)
-    alike: a divergence, or a C1-C3 break that is not a known finding."""
+    """What a fuzz counted and what stops it, for a unit (``UnitRun``) and a whole run
+    (``fuzz.FuzzResult``) alike: it stops at a divergence, or at a C1-C3 break that is
+    not a known finding."""
 
-    divergences: list[Divergence]
-    findings: list[Finding]
+    examples: int = 0
+    steps: int = 0
+    refused_configs: int = 0
+    mirrored_crashes: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    stopped_by_time: bool = False
+    seconds: float = 0.0
+    """Wall time: of a unit's Hypothesis run; of a whole fuzz, after its warm-up."""
 
     @property
     def unknown_findings(self) -> list[Finding]:
@@ -116,20 +125,11 @@ class UnitRun(Outcome):
     deadline: float | None = None
     cancelled: Callable[[], bool] = never_cancelled
     """True once the unit's result can no longer be used (an earlier unit stopped)."""
-    examples: int = 0
-    steps: int = 0
-    refused_configs: int = 0
-    mirrored_crashes: int = 0
     started: int = 0
     """Examples the unit started (refused configs too): numbers the scenario files."""
-    divergences: list[Divergence] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
     coverage: dict[str, int] | None = None
     """Events counted, once a step ran."""
     constructions: set[str] = field(default_factory=set)
-    stopped_by_time: bool = False
-    seconds: float = 0.0
-    """Wall time of the unit's Hypothesis run."""
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
