@@ -24,6 +24,10 @@ FUZZ_EXAMPLES = 200
 """The examples of a fuzz, ``dualbudget fuzz`` and ``dualbudget check`` alike: every
 (method, aim) unit gets its share (``integration.fuzz.shares``); about a minute on a
 2-core machine, most of it vLLM's one-off import and model inspection."""
+BENCH_REPEAT = 7
+"""Timed runs of ``dualbudget bench`` per workload and mode, interleaved; each mode's
+figure is the median run (on a shared 2-core machine single runs of one stream vary by
+up to 1.6x, so fewer runs let one slow spell move the ratio)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="steps/s of the reference, the live vLLM, lockstep")
     bench.add_argument("--json", metavar="FILE")
     bench.add_argument(
-        "--repeat", type=_positive_int, default=None, metavar="N",
-        help="timed runs per workload and mode (default 5); the median is reported",
+        "--repeat", type=_positive_int, default=BENCH_REPEAT, metavar="N",
+        help="timed runs per workload and mode (default %(default)s); the median is reported",
     )  # fmt: skip
     bench.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
     bench.set_defaults(run="dualbudget.integration.commands:bench")

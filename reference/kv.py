@@ -77,6 +77,10 @@ class KVCacheManager:
             return False
         state.free_blocks -= wanted
         request.num_blocks += wanted
+        # Within this many computed tokens the blocks held cover the lookahead too, so
+        # the next call would find wanted <= 0 (past max_model_len's cap it may ask
+        # needlessly, never wrongly): the RUNNING loop asks only past it.
+        request.kv_slots_covered = request.num_blocks * self.block_size - self.num_lookahead_tokens
         return True
 
     def full_sequence_fits(
@@ -84,8 +88,13 @@ class KVCacheManager:
     ) -> bool:
         """The ``full_sequence_must_fit`` gate of ``allocate_slots`` for a waiting request:
         ``cdiv(min(num_tokens, max_model_len), block_size)`` blocks (lookahead not counted)."""
+        return self._fits_full_sequence(request, request.num_blocks, state.free_blocks)
+
+    def _fits_full_sequence(self, request: RequestState, num_held: int, num_free: int) -> bool:
+        """Whether ``request``'s whole sequence fits in ``num_held`` blocks it holds and
+        ``num_free`` more."""
         full = min(request.num_tokens, self.max_model_len)
-        return max(cdiv(full, self.block_size) - request.num_blocks, 0) <= state.free_blocks
+        return max(cdiv(full, self.block_size) - num_held, 0) <= num_free
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
         """``cache_blocks``: nothing to cache without prefix caching."""
@@ -94,6 +103,7 @@ class KVCacheManager:
         """``free``: every block of ``request`` goes back to the pool."""
         state.free_blocks += request.num_blocks
         request.num_blocks = 0
+        request.kv_slots_covered = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +148,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         """The count's gate, the hit's blocks held and its free ones taken (a touch
         takes them off the free queue): ``get_num_blocks_to_allocate``'s evictable."""
         evictable = self.pool(state).num_evictable(hit)
-        request.num_blocks += len(hit)
-        state.free_blocks -= evictable
-        fits = KVCacheManager.full_sequence_fits(self, state, request)
-        request.num_blocks -= len(hit)
-        state.free_blocks += evictable
-        return fits
+        return self._fits_full_sequence(
+            request, request.num_blocks + len(hit), state.free_blocks - evictable
+        )
 
     def allocate_slots(
         self,
@@ -158,7 +165,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         the step (never a draft or lookahead slot: ``min(computed + new, num_tokens)``,
         within the hashes the request has)."""
         pool, block_ids = self.pool(state), request.block_ids
-        evictable = pool.num_evictable(hit)
+        # Every running request asks with no hit: spare it the count over nothing.
+        evictable = pool.num_evictable(hit) if hit else 0
         hit_tokens = len(hit) * self.block_size
         held = len(block_ids) + len(hit)
         request.num_computed_tokens += hit_tokens
@@ -180,6 +188,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             self.observed["cached_block_evicted"] += evicted
             block_ids.extend(new_blocks)
         self.cache_blocks(state, request, min(num_computed + num_new_tokens, request.num_tokens))
+        # Every allocation may cache blocks: the RUNNING loop must always ask.
+        request.kv_slots_covered = 0
         return True
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:

@@ -40,6 +40,9 @@ class RequestState:
     """``len(spec_token_ids)``: drafts proposed for the next step, not yet scheduled."""
     num_blocks: int = 0
     """KV blocks the request holds."""
+    kv_slots_covered: int = 0
+    """Kept by ``kv``: while computed plus newly scheduled tokens stay within it, the
+    blocks held already cover the step and ``allocate_slots`` has nothing to do (0: ask)."""
     is_prefill_chunk: bool = False
     """Set when the request was last scheduled: its prompt was not done after that chunk."""
     num_preemptions: int = 0
