@@ -56,6 +56,7 @@ def run_check(
     json_path: str | None = None,
     out_dir: str | None = None,
     scheduler_cls: str | None = None,
+    top_up_rounds: int = 0,
 ) -> int:
     from dualbudget.fuzz_cli import check_scheduler_cls, known_findings
     from dualbudget.integration.commands import (
@@ -88,6 +89,7 @@ def run_check(
             json_path=folder / "check-fuzz.json",
             out_dir=folder,
             scheduler_cls=scheduler_cls,
+            top_up_rounds=top_up_rounds,
         )
         checked = f", scheduler {scheduler_cls}" if scheduler_cls else ""
         verdict.stage(
@@ -118,4 +120,5 @@ def check(args: argparse.Namespace) -> int:
         json_path=args.json,
         out_dir=args.out_dir,
         scheduler_cls=args.scheduler_cls,
+        top_up_rounds=args.top_up_rounds,
     )

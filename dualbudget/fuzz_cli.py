@@ -76,5 +76,6 @@ def fuzz(args: argparse.Namespace) -> int:
         layouts=tuple(args.layout or LAYOUT_NAMES),
         coverage_gate=not args.no_coverage_gate,
         scheduler_cls=args.scheduler_cls,
+        top_up_rounds=args.top_up_rounds,
     )
     return run_fuzz_stage(options)

@@ -91,6 +91,8 @@ class FuzzOptions:
     coverage_gate: bool = True
     scheduler_cls: str | None = None
     """An import path of a vLLM ``Scheduler`` subclass to check instead of vLLM's."""
+    top_up_rounds: int = 0
+    """Rounds rerunning units for required coverage left at zero (``run_fuzz``)."""
 
 
 def run_fuzz_stage(options: FuzzOptions) -> int:
@@ -126,6 +128,8 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         progress=lambda line: print(line, flush=True),
         scheduler_cls=options.scheduler_cls,
         jobs=options.jobs,
+        # The rounds serve the gate: a run without it has nothing to top up for.
+        top_up_rounds=options.top_up_rounds if options.coverage_gate else 0,
     )
     code, table = fuzz_verdict(result, layouts, gate=options.coverage_gate)
     print(table)

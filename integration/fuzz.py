@@ -14,7 +14,10 @@ A run stops at the first unit, in unit order, with a divergence or an unknown fi
 
 Coverage is counted per method (``lockstep.COVERAGE_EVENTS``) so that a run that never
 reached an event says so; ``FuzzResult.zero_coverage`` lists the (method, event) pairs
-that ``required_events`` demands of the run's release still at zero.
+that ``required_events`` demands of the run's release still at zero. Before the gate
+reads it, a run's top-up rounds rerun, each with seeds of its own, the units whose aims
+draw those events (``EVENT_AIMS``, ``top_up_units``): a rare event left at zero by one
+seed's planned units is looked for again rather than failing the run.
 """
 
 from __future__ import annotations
@@ -109,6 +112,28 @@ __all__ = [
 # (mtp, which needs an MTP target checkpoint, and suffix, which needs arctic-inference,
 # are not rows; see docs/vllm-environments.md).
 ASYNC_ONLY_EVENTS = ("async_in_flight", "stale_output", "in_flight_max_tokens_skip")
+EVENT_AIMS: dict[str, str] = {
+    "input_budget_bound": "budget",
+    "chunked_prefill": "mixed",
+    "preemption": "preempt",
+    "preempt_scheduled": "preempt",
+    "padded_decode": "padded",
+    "rejected_drafts": "mixed",
+    "max_model_len_cap": "edge",
+    "bound_after_refund": "refund",
+    "token_budget_bound": "token",
+    "async_in_flight": "mixed",
+    "stale_output": "preempt",
+    "in_flight_max_tokens_skip": "mixed",
+    "natural_stop": "mixed",
+    "prefix_hit": "prefix",
+    "full_prefix_hit": "prefix",
+    "cached_block_evicted": "prefix",
+    "hit_on_running_block": "prefix",
+    "resume_rehit": "prefix",
+}
+"""The aim that draws each coverage event (the reasons above): where a run's top-up
+rounds (``run_fuzz``) look again for an event a method left at zero."""
 
 
 def required_events(layout: str, release: str) -> tuple[str, ...]:
@@ -126,9 +151,23 @@ STATEFUL_STEP_COUNT = 80
 """Rules one example runs at most (Hypothesis' ``stateful_step_count``)."""
 
 
-def unit_seed(seed: int, layout: str, aim: str) -> int:
-    """The Hypothesis seed of one (layout, aim) unit: stable across processes."""
-    return zlib.crc32(f"{seed}/{layout}/{aim}".encode())
+def unit_seed(seed: int, layout: str, aim: str, top_up_round: int = 0) -> int:
+    """The Hypothesis seed of one (layout, aim) unit, or of its rerun in a top-up round:
+    stable across processes."""
+    suffix = f"/top-up {top_up_round}" if top_up_round else ""
+    return zlib.crc32(f"{seed}/{layout}/{aim}{suffix}".encode())
+
+
+def top_up_units(result: FuzzResult, layouts: Sequence[str]) -> list[tuple[str, str]]:
+    """The (layout, aim) units to run again for the required events still at zero, in
+    unit order: each event's aim (``EVENT_AIMS``)."""
+    wanted = {
+        (layout, EVENT_AIMS[event])
+        for layout in layouts
+        for event in result.required(layout)
+        if result.coverage.get(layout, {}).get(event, 0) == 0
+    }
+    return [(layout, aim) for layout in layouts for aim in AIMS if (layout, aim) in wanted]
 
 
 def shares(examples: int, layouts: list[str]) -> list[tuple[str, str, int]]:
@@ -206,7 +245,7 @@ class FuzzResult(Outcome):
         if run.examples:
             layout = run.layout
             self.examples_by_layout[layout] = self.examples_by_layout.get(layout, 0) + run.examples
-            self.examples_by_unit[f"{layout}/{run.aim}"] = run.examples
+            self.examples_by_unit[run.unit_name] = run.examples
             self.constructions.setdefault(layout, set()).update(run.constructions)
         if run.coverage is not None:
             per = self.coverage.setdefault(run.layout, dict.fromkeys(COVERAGE_EVENTS, 0))
@@ -237,6 +276,8 @@ class UnitPlan:
     monotonic clock is the machine's, the same in every worker process)."""
     run_id: int = 0
     stateful_step_count: int = STATEFUL_STEP_COUNT
+    top_up_round: int = 0
+    """0: the planned unit; r >= 1: its rerun, with its own seed, in top-up round r."""
 
 
 @contextlib.contextmanager
@@ -277,10 +318,12 @@ def run_unit(plan: UnitPlan, cancelled: Callable[[], bool] | None = None) -> Uni
         Path(plan.out_dir),
         plan.known_findings,
         deadline=plan.deadline,
+        top_up_round=plan.top_up_round,
     )
     if cancelled is not None:
         run.cancelled = cancelled
-    machine = hypothesis.seed(unit_seed(plan.seed, plan.layout, plan.aim))(machine_for(run))
+    seed = unit_seed(plan.seed, plan.layout, plan.aim, plan.top_up_round)
+    machine = hypothesis.seed(seed)(machine_for(run))
     unit_settings = settings(
         max_examples=plan.examples,
         stateful_step_count=plan.stateful_step_count,
@@ -440,12 +483,20 @@ def run_fuzz(
     scheduler_cls: str | None = None,
     jobs: int = 1,
     workers: FuzzWorkers | None = None,
+    top_up_rounds: int = 0,
 ) -> FuzzResult:
     """``examples`` shared out over ``layouts`` and ``AIMS`` (``shares``), one Hypothesis
     run per unit, merged in unit order; ``known_findings`` are the (profile, layout,
     contract) breaks that do not stop the run. ``scheduler_cls`` (an import path) replaces
     vLLM's ``Scheduler`` in every live scheduler built. ``jobs`` > 1 runs the units in
     that many worker processes (or ``workers``, kept by the caller across runs).
+
+    Then up to ``top_up_rounds`` rounds: round r reruns, with a seed of its own and
+    ``2**r`` times its planned count of examples, every unit whose aim draws a required
+    event that a method still has at zero (``top_up_units``); a run whose planned units
+    covered everything runs none, so its totals are the planned units' alone. Each rerun
+    is named in ``examples_by_unit`` (``layout/aim-top-up<r>``), and its examples count
+    in the totals.
 
     With ``max_seconds``, unit ``i`` of ``n`` starts no example after ``start +
     max_seconds * (i + 1) / n`` but its first (the time a unit leaves unused passes to
@@ -486,30 +537,70 @@ def run_fuzz(
             )
             for index, (layout, aim, count) in enumerate(units)
         ]
-        runs = workers.run(plans) if workers is not None else _run_here(plans)
-        for run in runs:
-            for finding in result.merge(run):
-                if progress:
-                    tag = "known finding" if finding.known else "FINDING"
-                    progress(
-                        f"{tag}: {finding.contract} under {finding.profile} with"
-                        f" {finding.layout} at step {finding.step}: {finding.message}"
-                        f" (scenario {finding.scenario_path})"
-                    )
+        _run_plans(plans, workers, result, progress, start)
+        planned = {(plan.layout, plan.aim): plan for plan in plans}
+        for top_up_round in range(1, top_up_rounds + 1):
+            gaps = [] if result.stopped or result.stopped_by_time else top_up_units(result, layouts)
+            if not gaps:
+                break
             if progress:
                 progress(
-                    f"  {run.layout + '/' + run.aim:<24} {run.examples:>4} examples"
-                    f" {run.steps:>6} steps {run.seconds:>6.1f}s"
-                    f"  (total {result.examples} examples, {result.steps} steps,"
-                    f" {len(result.divergences)} divergences, {time.monotonic() - start:.0f}s)"
+                    f"  top-up round {top_up_round}: required events at zero for"
+                    f" {', '.join(result.zero_coverage(layouts))}; rerunning"
+                    f" {', '.join(f'{layout}/{aim}' for layout, aim in gaps)}"
                 )
-            if result.stopped:
-                break
+            reruns = []
+            for index, (layout, aim) in enumerate(gaps):
+                # A unit too small a run left out counts as one planned example.
+                plan = planned.get((layout, aim)) or replace(
+                    plans[0], layout=layout, aim=aim, examples=1
+                )
+                reruns.append(
+                    replace(
+                        plan,
+                        index=len(plans) + index,
+                        examples=plan.examples * 2**top_up_round,
+                        top_up_round=top_up_round,
+                        deadline=start + max_seconds if max_seconds else None,
+                    )
+                )
+            plans += reruns
+            _run_plans(reruns, workers, result, progress, start)
         result.seconds = time.monotonic() - start
     finally:
         if own_workers and workers is not None:
             workers.close()
     return result
+
+
+def _run_plans(
+    plans: list[UnitPlan],
+    workers: FuzzWorkers | None,
+    result: FuzzResult,
+    progress: Callable[[str], None] | None,
+    start: float,
+) -> None:
+    """Run ``plans`` (in ``workers``, or here) and merge each into ``result`` in order,
+    with its progress line; stop at the first unit that stops the run."""
+    runs = workers.run(plans) if workers is not None else _run_here(plans)
+    for run in runs:
+        for finding in result.merge(run):
+            if progress:
+                tag = "known finding" if finding.known else "FINDING"
+                progress(
+                    f"{tag}: {finding.contract} under {finding.profile} with"
+                    f" {finding.layout} at step {finding.step}: {finding.message}"
+                    f" (scenario {finding.scenario_path})"
+                )
+        if progress:
+            progress(
+                f"  {run.unit_name:<24} {run.examples:>4} examples"
+                f" {run.steps:>6} steps {run.seconds:>6.1f}s"
+                f"  (total {result.examples} examples, {result.steps} steps,"
+                f" {len(result.divergences)} divergences, {time.monotonic() - start:.0f}s)"
+            )
+        if result.stopped:
+            break
 
 
 def _run_here(plans: list[UnitPlan]) -> Iterator[UnitRun]:

@@ -130,6 +130,18 @@ class UnitRun(Outcome):
     coverage: dict[str, int] | None = None
     """Events counted, once a step ran."""
     constructions: set[str] = field(default_factory=set)
+    top_up_round: int = 0
+    """0: a planned unit; r >= 1: a rerun in the run's top-up round r (``fuzz.run_fuzz``)."""
+
+    @property
+    def round_tag(self) -> str:
+        """``-top-up<r>`` for a rerun in top-up round r, else nothing."""
+        return f"-top-up{self.top_up_round}" if self.top_up_round else ""
+
+    @property
+    def unit_name(self) -> str:
+        """``layout/aim`` (its round's tag after a top-up rerun's)."""
+        return f"{self.layout}/{self.aim}{self.round_tag}"
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -553,7 +565,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 run.profile,
                 seed=run.seed,
                 out_dir=run.out_dir,
-                label=f"{run.profile}-{run.layout}-{run.aim}-ex{run.started}",
+                label=f"{run.profile}-{run.layout}-{run.aim}{run.round_tag}-ex{run.started}",
             )
         except ConfigRefused:
             run.refused_configs += 1

@@ -10,7 +10,7 @@ import pytest
 
 from dualbudget import check as check_module
 from dualbudget import fuzz_cli
-from dualbudget.cli import FUZZ_EXAMPLES, build_parser, main
+from dualbudget.cli import FUZZ_EXAMPLES, FUZZ_TOP_UP_ROUNDS, build_parser, main
 from dualbudget.integration import commands
 from dualbudget.proofs.manifest import expected_findings
 
@@ -26,6 +26,8 @@ def test_fuzz_and_check_share_one_example_count() -> None:
     parser = build_parser()
     assert parser.parse_args(["fuzz"]).examples == FUZZ_EXAMPLES
     assert parser.parse_args(["check"]).fuzz_examples == FUZZ_EXAMPLES
+    assert parser.parse_args(["fuzz"]).top_up_rounds == FUZZ_TOP_UP_ROUNDS
+    assert parser.parse_args(["check"]).top_up_rounds == FUZZ_TOP_UP_ROUNDS
 
 
 def test_every_fuzz_flag_reaches_the_stage(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +36,7 @@ def test_every_fuzz_flag_reaches_the_stage(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(fuzz_cli, "check_scheduler_cls", lambda path: None)
     argv = ["fuzz", "--examples", "9", "--seed", "4", "--jobs", "3", "--profile", "vllm-0.33"]
     argv += ["--max-seconds", "7", "--json", "f.json", "--out-dir", "d", "--layout", "ngram"]
-    argv += ["--no-coverage-gate", "--scheduler-cls", "my.Scheduler"]
+    argv += ["--no-coverage-gate", "--scheduler-cls", "my.Scheduler", "--top-up-rounds", "0"]
     assert main(argv) == 0
     [options] = seen
     assert options == commands.FuzzOptions(
@@ -49,6 +51,7 @@ def test_every_fuzz_flag_reaches_the_stage(monkeypatch: pytest.MonkeyPatch) -> N
         layouts=("ngram",),
         coverage_gate=False,
         scheduler_cls="my.Scheduler",
+        top_up_rounds=0,
     )
 
 
@@ -57,6 +60,7 @@ def test_every_check_flag_reaches_the_stages(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(check_module, "run_check", lambda **kw: seen.update(kw) or 0)
     argv = ["check", "--fuzz-examples", "5", "--fuzz-seconds", "9", "--seed", "2"]
     argv += ["--json", "c.json", "--out-dir", "d", "--jobs", "2", "--scheduler-cls", "a:B"]
+    argv += ["--top-up-rounds", "3"]
     assert main(argv) == 0
     assert seen == {
         "fuzz_examples": 5,
@@ -66,6 +70,7 @@ def test_every_check_flag_reaches_the_stages(monkeypatch: pytest.MonkeyPatch) ->
         "json_path": "c.json",
         "out_dir": "d",
         "scheduler_cls": "a:B",
+        "top_up_rounds": 3,
     }
 
 

@@ -8,7 +8,15 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from dualbudget.integration.fuzz import AIMS, required_events, shares, unit_seed
+from dualbudget.integration.fuzz import (
+    AIMS,
+    EVENT_AIMS,
+    FuzzResult,
+    required_events,
+    shares,
+    top_up_units,
+    unit_seed,
+)
 from dualbudget.integration.lockstep import COVERAGE_EVENTS
 from dualbudget.spec.methods import LAYOUT_NAMES, VLLM_VERSIONS
 
@@ -155,3 +163,35 @@ def test_every_counted_event_has_a_column_in_the_coverage_table() -> None:
     from dualbudget.integration.commands import SHORT_EVENT_NAMES
 
     assert set(SHORT_EVENT_NAMES) == set(COVERAGE_EVENTS)
+
+
+def test_every_coverage_event_has_the_aim_a_top_up_reruns() -> None:
+    assert set(EVENT_AIMS) == set(COVERAGE_EVENTS)
+    assert set(EVENT_AIMS.values()) <= set(AIMS)
+
+
+def test_top_up_rounds_have_seeds_of_their_own_and_round_0_is_the_planned_unit() -> None:
+    # Round 0 keeps the planned unit's seed, so that a run needing no top-up is unchanged.
+    assert unit_seed(1, "dflash", "refund", 0) == unit_seed(1, "dflash", "refund")
+    rounds = {unit_seed(1, "dflash", "refund", r) for r in range(4)}
+    assert len(rounds) == 4
+
+
+def test_top_up_reruns_the_aims_of_the_events_left_at_zero_in_unit_order() -> None:
+    layouts = ["dflash", "ngram"]
+    result = FuzzResult(profile="vllm-0.32", vllm_version="0.32.0")
+    for layout in layouts:
+        result.coverage[layout] = dict.fromkeys(COVERAGE_EVENTS, 1)
+    assert top_up_units(result, layouts) == []
+    result.coverage["ngram"]["bound_after_refund"] = 0
+    result.coverage["dflash"]["resume_rehit"] = 0
+    result.coverage["dflash"]["hit_on_running_block"] = 0
+    result.coverage["dflash"]["input_budget_bound"] = 0
+    assert top_up_units(result, layouts) == [
+        ("dflash", "budget"),
+        ("dflash", "prefix"),
+        ("ngram", "refund"),
+    ]
+    # An event the release cannot reach is not required, so never rerun for.
+    result.coverage["ngram"]["stale_output"] = 0  # 0.32 runs no ngram async
+    assert ("ngram", "preempt") not in top_up_units(result, layouts)
