@@ -161,12 +161,7 @@ def unit_seed(seed: int, layout: str, aim: str, top_up_round: int = 0) -> int:
 def top_up_units(result: FuzzResult, layouts: Sequence[str]) -> list[tuple[str, str]]:
     """The (layout, aim) units to run again for the required events still at zero, in
     unit order: each event's aim (``EVENT_AIMS``)."""
-    wanted = {
-        (layout, EVENT_AIMS[event])
-        for layout in layouts
-        for event in result.required(layout)
-        if result.coverage.get(layout, {}).get(event, 0) == 0
-    }
+    wanted = {(layout, EVENT_AIMS[event]) for layout, event in result.zero_events(layouts)}
     return [(layout, aim) for layout in layouts for aim in AIMS if (layout, aim) in wanted]
 
 
@@ -225,13 +220,17 @@ class FuzzResult(Outcome):
         """The gate's events for ``layout`` under this run's profile."""
         return required_events(layout, profile_named(self.profile).policy.tables)
 
+    def zero_events(self, layouts: Sequence[str] | None = None) -> list[tuple[str, str]]:
+        """The (layout, event) pairs the gate requires that are still at zero."""
+        return [
+            (layout, event)
+            for layout in layouts or LAYOUT_NAMES
+            for event in self.required(layout)
+            if self.coverage.get(layout, {}).get(event, 0) == 0
+        ]
+
     def zero_coverage(self, layouts: Sequence[str] | None = None) -> list[str]:
-        zeros = []
-        for layout in layouts or LAYOUT_NAMES:
-            per = self.coverage.get(layout, {})
-            required = self.required(layout)
-            zeros += [f"{layout}:{e}" for e in required if per.get(e, 0) == 0]
-        return zeros
+        return [f"{layout}:{event}" for layout, event in self.zero_events(layouts)]
 
     def merge(self, run: UnitRun) -> list[Finding]:
         """Add one unit's counts; returns its findings not already found by an earlier

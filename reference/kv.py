@@ -63,14 +63,12 @@ class KVCacheManager:
         (``get_num_blocks_to_allocate``: up to ``num_lookahead_tokens`` past them, capped
         at ``max_model_len``, none taken back); False, and no change, if the pool is short.
 
-        Asked for every scheduled request of every step, so the arithmetic is written out
-        here, and is the one home of it (the caching manager asks it too). (vLLM also
-        caps ``num_computed_tokens`` at ``max_model_len`` first; with
+        The count is ``_num_blocks_wanted``, which the caching manager asks too. (vLLM
+        also caps ``num_computed_tokens`` at ``max_model_len`` first; with
         ``num_new_tokens, num_lookahead_tokens >= 0`` the outer cap makes that a no-op.)"""
-        need_slot = request.num_computed_tokens + num_new_tokens + self.num_lookahead_tokens
-        if need_slot > self.max_model_len:
-            need_slot = self.max_model_len
-        wanted = -(-need_slot // self.block_size) - request.num_blocks  # cdiv
+        wanted = self._num_blocks_wanted(
+            request.num_computed_tokens, request.num_blocks, num_new_tokens
+        )
         if wanted <= 0:
             return True
         if wanted > state.free_blocks:
@@ -82,6 +80,14 @@ class KVCacheManager:
         # needlessly, never wrongly): the RUNNING loop asks only past it.
         request.kv_slots_covered = request.num_blocks * self.block_size - self.num_lookahead_tokens
         return True
+
+    def _num_blocks_wanted(self, num_computed: int, num_held: int, num_new_tokens: int) -> int:
+        """Blocks beyond the ``num_held`` a request needs to compute ``num_new_tokens``
+        past ``num_computed`` (``<= 0``: none)."""
+        need_slot = num_computed + num_new_tokens + self.num_lookahead_tokens
+        if need_slot > self.max_model_len:
+            need_slot = self.max_model_len
+        return -(-need_slot // self.block_size) - num_held  # cdiv
 
     def full_sequence_fits(
         self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
@@ -167,29 +173,24 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         pool, block_ids = self.pool(state), request.block_ids
         # Every running request asks with no hit: spare it the count over nothing.
         evictable = pool.num_evictable(hit) if hit else 0
-        hit_tokens = len(hit) * self.block_size
         held = len(block_ids) + len(hit)
-        request.num_computed_tokens += hit_tokens
-        request.num_blocks = held
-        state.free_blocks -= evictable
-        allocated = KVCacheManager.allocate_slots(self, state, request, num_new_tokens)
-        num_computed = request.num_computed_tokens
-        request.num_computed_tokens -= hit_tokens
-        if not allocated:
-            request.num_blocks = len(block_ids)
-            state.free_blocks += evictable
+        num_computed = request.num_computed_tokens + len(hit) * self.block_size
+        wanted = max(self._num_blocks_wanted(num_computed, held, num_new_tokens), 0)
+        if evictable + wanted > state.free_blocks:
             return False
+        state.free_blocks -= evictable + wanted
+        request.num_blocks = held + wanted
         if hit:
             self.observed["hit_on_running_block"] += pool.touch(hit)
             block_ids.extend(hit)
             request.num_cached_blocks = len(block_ids)
-        if request.num_blocks > held:
-            new_blocks, evicted = pool.get_new_blocks(request.num_blocks - held)
+        if wanted:
+            new_blocks, evicted = pool.get_new_blocks(wanted)
             self.observed["cached_block_evicted"] += evicted
             block_ids.extend(new_blocks)
+        # Every allocation may cache blocks, so this manager makes no kv_slots_covered
+        # promise: the RUNNING loop always asks it.
         self.cache_blocks(state, request, min(num_computed + num_new_tokens, request.num_tokens))
-        # Every allocation may cache blocks: the RUNNING loop must always ask.
-        request.kv_slots_covered = 0
         return True
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
