@@ -1,21 +1,41 @@
 """``dualbudget check``, the main job: the proofs, then a short fuzz, then one verdict.
 
 The fuzz is ``dualbudget fuzz`` with the coverage gate on (a fuzz that reached nothing
-has checked nothing) and ``--fuzz-seconds`` as its time cap. Each stage is called with
-typed parameters; the proofs stage takes the namespace ``dualbudget prove`` would get
-with no flags, made by the command line's own parser, so that no flag is named twice.
+has checked nothing) and ``--fuzz-seconds`` as its time cap. Each stage takes its typed
+options: the proofs run with ``ProveOptions``' defaults, which are ``dualbudget prove``'s
+with no flags, and the fuzz with the ``FuzzOptions`` this job's own options make.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dualbudget.integration.commands import DEFAULT_OUT_DIR, FUZZ_EXAMPLES, FUZZ_TOP_UP_ROUNDS
 from dualbudget.spec.errors import BadInput
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckOptions:
+    """One ``dualbudget check`` run (``check``); its defaults are the flags'."""
+
+    fuzz_examples: int = FUZZ_EXAMPLES
+    fuzz_seconds: float = 180.0
+    """The fuzz's time cap, in seconds."""
+    seed: int = 1
+    """The fuzz's seed."""
+    jobs: int | None = None
+    """Worker processes of the fuzz; None: one per core."""
+    json_path: str | None = None
+    """Where the verdict goes as JSON; None: nowhere."""
+    out_dir: str = DEFAULT_OUT_DIR
+    """Where divergence scenarios and the fuzz's own JSON report go."""
+    scheduler_cls: str | None = None
+    """An import path of a vLLM ``Scheduler`` subclass to check instead of vLLM's."""
+    top_up_rounds: int = FUZZ_TOP_UP_ROUNDS
 
 
 @dataclass
@@ -41,33 +61,17 @@ class Verdict:
 
 
 def run_proofs() -> int:
-    from dualbudget.cli import build_parser
-    from dualbudget.proofs.commands import prove
+    from dualbudget.proofs.commands import ProveOptions, prove
 
-    return int(prove(build_parser().parse_args(["prove"])))
+    return int(prove(ProveOptions()))
 
 
-def run_check(
-    *,
-    fuzz_examples: int,
-    fuzz_seconds: float | None,
-    seed: int,
-    jobs: int,
-    json_path: str | None = None,
-    out_dir: str | None = None,
-    scheduler_cls: str | None = None,
-    top_up_rounds: int = 0,
-) -> int:
+def check(options: CheckOptions) -> int:
     from dualbudget.fuzz_cli import check_scheduler_cls, known_findings
-    from dualbudget.integration.commands import (
-        DEFAULT_OUT_DIR,
-        FuzzOptions,
-        quiet_vllm,
-        run_fuzz_stage,
-        write_json,
-    )
-    from dualbudget.integration.live import installed_vllm_version
+    from dualbudget.integration.commands import FuzzOptions, run_fuzz_stage, write_json
+    from dualbudget.integration.live import installed_vllm_version, quiet_vllm
 
+    scheduler_cls = options.scheduler_cls
     check_scheduler_cls(scheduler_cls)  # bad input stops the job before any stage
     started = time.perf_counter()
     verdict = Verdict()
@@ -78,25 +82,25 @@ def run_check(
     if version is None:
         verdict.rows.append(("fuzz", "FAIL", f"vLLM is not installed in {sys.executable}"))
     else:
-        folder = Path(out_dir or DEFAULT_OUT_DIR)
+        folder = Path(options.out_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        options = FuzzOptions(
-            examples=fuzz_examples,
-            seed=seed,
+        fuzz = FuzzOptions(
+            examples=options.fuzz_examples,
+            seed=options.seed,
             known_findings=known_findings(),
-            jobs=jobs,
-            max_seconds=fuzz_seconds,
+            jobs=options.jobs,
+            max_seconds=options.fuzz_seconds,
             json_path=folder / "check-fuzz.json",
             out_dir=folder,
             scheduler_cls=scheduler_cls,
-            top_up_rounds=top_up_rounds,
+            top_up_rounds=options.top_up_rounds,
         )
         checked = f", scheduler {scheduler_cls}" if scheduler_cls else ""
         verdict.stage(
             "fuzz",
-            lambda: run_fuzz_stage(options),
-            f"vLLM {version}{checked}, {fuzz_examples} examples, seed {seed}, ",
-            f" (report {options.json_path})",
+            lambda: run_fuzz_stage(fuzz),
+            f"vLLM {version}{checked}, {fuzz.examples} examples, seed {fuzz.seed}, ",
+            f" (report {fuzz.json_path})",
         )
     rows = verdict.rows
     width = max(len(r[0]) for r in rows)
@@ -105,20 +109,5 @@ def run_check(
         print(f"{name:<{width}}  {passed:<4}  {detail}")
     print(f"overall: {'PASS' if verdict.ok else 'FAIL'} in {time.perf_counter() - started:.0f}s")
     report = {name: passed for name, passed, _ in rows}
-    write_json(json_path, {"rows": [list(r) for r in rows], "pass": verdict.ok, **report})
+    write_json(options.json_path, {"rows": [list(r) for r in rows], "pass": verdict.ok, **report})
     return 0 if verdict.ok else 1
-
-
-def check(args: argparse.Namespace) -> int:
-    from dualbudget.fuzz_cli import default_jobs
-
-    return run_check(
-        fuzz_examples=args.fuzz_examples,
-        fuzz_seconds=args.fuzz_seconds,
-        seed=args.seed,
-        jobs=args.jobs or default_jobs(),
-        json_path=args.json,
-        out_dir=args.out_dir,
-        scheduler_cls=args.scheduler_cls,
-        top_up_rounds=args.top_up_rounds,
-    )

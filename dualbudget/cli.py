@@ -1,41 +1,46 @@
 """The ``dualbudget`` command line.
 
-Each subcommand lives beside the code it drives and is imported only when run, so that
-``dualbudget schedule`` never loads z3 and nothing but ``integration`` ever loads vLLM.
-A subcommand is a function ``(argparse.Namespace) -> int`` (its exit code). Bad input
-anywhere raises ``BadInput``: one line on stderr, exit code 2, no traceback.
+The only code that sees ``argparse``'s namespace: it parses the flags, builds the
+subcommand's options (a frozen dataclass beside the stage it drives, one field per flag,
+of the flag's destination name) and calls the stage ``(options) -> int`` (its exit code).
+A flag's default is its field's default, read from the options class when the parser is
+built, so no default is written twice. The options' modules import neither z3 nor vLLM
+(a stage imports what it runs on inside itself), so that ``dualbudget schedule`` never
+loads z3 and nothing but ``integration`` ever loads vLLM. Bad input anywhere raises
+``BadInput``: one line on stderr, exit code 2, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from dualbudget.reference.workload import PRESETS
+from dualbudget.check import CheckOptions
+from dualbudget.diff_cli import DEFAULT_SEARCH_LAYOUT, DiffOptions
+from dualbudget.integration.commands import BenchOptions, FuzzOptions
+from dualbudget.integration.mutate import MutateOptions
+from dualbudget.proofs.commands import ProveOptions
+from dualbudget.reference.commands import ScheduleOptions
+from dualbudget.reference.replay import ReplayOptions
+from dualbudget.reference.simulate import CALIBRATIONS
+from dualbudget.reference.workload import DEFAULT_WORKLOAD, PRESETS, WorkloadOptions
+from dualbudget.report import ReportOptions
+from dualbudget.simulate_cli import SimulateOptions
 from dualbudget.spec.contract import CONTRACT_IDS
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import PROFILE_NAMES
 
-FUZZ_EXAMPLES = 200
-"""The examples of a fuzz, ``dualbudget fuzz`` and ``dualbudget check`` alike: every
-(method, aim) unit gets its share (``integration.fuzz.shares``); about a minute on a
-2-core machine, most of it vLLM's one-off import and model inspection."""
-FUZZ_TOP_UP_ROUNDS = 2
-"""Top-up rounds of a fuzz, ``dualbudget fuzz`` and ``dualbudget check`` alike: a unit
-whose aim draws a required event some method left at zero runs again with a fresh seed
-(``integration.fuzz.run_fuzz``). At 200 examples seeds 0, 3 and 4 left one to three such
-events at zero under vLLM 0.32 (seed 1 none, so its run is unchanged)."""
-BENCH_REPEAT = 7
-"""Timed runs of ``dualbudget bench`` per workload and mode, interleaved; each mode's
-figure is the median run (on a shared 2-core machine single runs of one stream vary by
-up to 1.6x, so fewer runs let one slow spell move the ratio)."""
-
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Number = TypeVar("Number", int, float)
+Options = TypeVar("Options", bound="DataclassInstance")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,145 +70,291 @@ _nonnegative_int = _at_least(0, int, "an integer")
 _nonnegative_float = _at_least(0.0, float, "a number")
 
 
-def _live_arguments(parser: argparse.ArgumentParser) -> None:
+class _Choose(argparse.Action):
+    """A repeatable flag whose values gather in a tuple; its first use replaces the
+    default (argparse's ``append`` would add to it, and a default of every layout or of
+    the default profiles would then stay chosen)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        chosen = getattr(namespace, self.dest)
+        earlier = () if chosen is self.default else tuple(chosen)
+        setattr(namespace, self.dest, (*earlier, values))
+
+
+def field_default(options: type[Any], name: str) -> Any:
+    """The default of the options' field ``name`` (``dataclasses.MISSING`` for a field
+    without one); a name that is no field is a flag with nowhere to go."""
+    for field in dataclasses.fields(options):
+        if field.name == name:
+            if field.default_factory is not dataclasses.MISSING:
+                return field.default_factory()
+            return field.default
+    raise TypeError(f"{options.__name__} has no field {name!r} for its flag")
+
+
+class _Command:
+    """One subcommand's parser; each flag it adds takes its default from its field."""
+
+    def __init__(
+        self,
+        sub: argparse._SubParsersAction[_Parser],
+        name: str,
+        options: type[Any],
+        run: str,
+        description: str,
+    ) -> None:
+        self.parser = sub.add_parser(name, help=description)
+        self.parser.set_defaults(run=run, options=options)
+        self.options = options
+
+    def flag(
+        self, *names: str, within: argparse._ActionsContainer | None = None, **kwargs: Any
+    ) -> argparse.Action:
+        """``add_argument`` (to the group ``within``, if given), with the default of the
+        field the flag's destination names."""
+        action = (within or self.parser).add_argument(*names, **kwargs)
+        default = field_default(self.options, action.dest)
+        if default is not dataclasses.MISSING:
+            action.default = default
+        return action
+
+
+def _live_flags(command: _Command) -> None:
     """The fuzz's flags that ``fuzz`` and ``check`` share."""
-    parser.add_argument(
+    command.flag(
         "--scheduler-cls", metavar="MODULE.CLASS",
         help="check this vLLM Scheduler subclass (module:Class or module.Class, as vLLM's"
         " --scheduler-cls) instead of vLLM's own",
     )  # fmt: skip
-    parser.add_argument(
-        "--jobs", type=_positive_int, default=None, metavar="N",
+    command.flag(
+        "--jobs", type=_positive_int, metavar="N",
         help="worker processes of the fuzz (default: one per core); any N, the same result",
     )  # fmt: skip
-    parser.add_argument(
-        "--top-up-rounds", type=_nonnegative_int, default=FUZZ_TOP_UP_ROUNDS, metavar="N",
+    command.flag(
+        "--top-up-rounds", type=_nonnegative_int, metavar="N",
         help="rounds that rerun, with fresh seeds, the units whose aim draws a required"
         " coverage event left at zero (default %(default)s; 0, or --no-coverage-gate: none)",
     )  # fmt: skip
+
+
+def _simulate_flags(command: _Command) -> None:
+    source = command.parser.add_mutually_exclusive_group()
+    command.flag(
+        "--workload", within=source, metavar="NAME",
+        help=f"a preset (default: {DEFAULT_WORKLOAD})",
+    )  # fmt: skip
+    command.flag("--scenario", within=source, metavar="FILE", help="a scenario JSON file")
+    command.flag(
+        "--trace", within=source, metavar="FILE",
+        help="a recorded dualbudget trace: its config, arrivals and measured acceptance",
+    )  # fmt: skip
+    command.flag("--seed", type=int, help="the preset's seed (default %(default)s)")
+    cached = ", ".join(name for name, w in PRESETS.items() if w.config.enable_prefix_caching)
+    command.flag(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+        help="vLLM's prefix caching on or off (default: the workload's own setting, off"
+        f" unless it says otherwise; presets with it on: {cached}; the report's first"
+        " line says which holds)",
+    )  # fmt: skip
+    command.flag(
+        "--profile", dest="profiles", action=_Choose, metavar="NAME",
+        help=f"repeatable (default: {', '.join(SimulateOptions.profiles)})",
+    )  # fmt: skip
+    command.flag("--max-num-batched-tokens", type=int, metavar="B")
+    command.flag("--max-num-seqs", type=int, metavar="N")
+    command.flag("--speculative-config", metavar="JSON", help="as vLLM takes it")
+    command.flag(
+        "--calibration", metavar="NAME",
+        help=f"the step-time coefficients: {', '.join(CALIBRATIONS)} (default %(default)s)",
+    )  # fmt: skip
+    for name in ("a", "b", "c"):
+        command.flag(
+            f"--step-time-{name}", type=float, metavar="S",
+            help="override this coefficient of the calibration (seconds)",
+        )  # fmt: skip
+    command.flag("--max-steps", type=int, help="stop each run after N steps")
+    command.flag("--jobs", type=int, help="processes (default: min(cores, profiles))")
+    command.flag("--json", dest="json_path", metavar="FILE")
+    command.flag("--plot", metavar="DIR", help="write PNG plots here")
+    command.flag("--quiet", action="store_true", help="no progress lines")
+
+
+def _diff_flags(command: _Command) -> None:
+    command.flag(
+        "--profile", dest="profiles", action=_Choose, metavar="NAME", help="twice: A, then B"
+    )
+    command.flag(
+        "--layout", metavar="L",
+        help=f"the method layout (default: the workload's; {DEFAULT_SEARCH_LAYOUT} with --search)",
+    )  # fmt: skip
+    command.flag("--workload", metavar="NAME", help=f"a preset (default {DEFAULT_WORKLOAD})")
+    command.flag("--scenario", metavar="FILE", help="a scenario JSON file")
+    command.flag("--search", action="store_true", help="search for the widest difference")
+    command.flag("--seed", type=int, help="the preset's and the search's seed")
+    command.flag("--examples", type=int, help="search examples (default %(default)s)")
+    command.flag("--max-seconds", type=float, help="search time cap (default %(default)s)")
+    command.flag("--out", metavar="FILE", help="where --search writes its scenario")
+    command.flag("--json", dest="json_path", metavar="FILE")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dualbudget", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    schedule = sub.add_parser("schedule", help="run the reference scheduler on a scenario")
-    schedule.add_argument("scenario", help="scenario JSON file")
-    schedule.add_argument("--profile", choices=PROFILE_NAMES, help="override the scenario's")
-    schedule.add_argument("--max-steps", type=_positive_int, help="stop after N steps")
-    schedule.set_defaults(run="dualbudget.reference.commands:schedule")
+    schedule = _Command(
+        sub, "schedule", ScheduleOptions, "dualbudget.reference.commands:schedule",
+        "run the reference scheduler on a scenario",
+    )  # fmt: skip
+    schedule.flag("scenario", help="scenario JSON file")
+    schedule.flag("--profile", choices=PROFILE_NAMES, help="override the scenario's")
+    schedule.flag("--max-steps", type=_positive_int, help="stop after N steps")
 
-    replay = sub.add_parser("replay", help="check recorded vLLM traces against the reference")
-    replay.add_argument("traces", nargs="+", metavar="TRACE", help="dualbudget-trace NDJSON")
-    replay.add_argument("--profile", choices=PROFILE_NAMES, help="default: from vllm_version")
-    replay.add_argument("--json", metavar="FILE", help="one summary per trace (docs/traces.md)")
-    replay.set_defaults(run="dualbudget.reference.replay:replay")
+    replay = _Command(
+        sub, "replay", ReplayOptions, "dualbudget.reference.replay:replay",
+        "check recorded vLLM traces against the reference",
+    )  # fmt: skip
+    replay.flag("traces", nargs="+", metavar="TRACE", help="dualbudget-trace NDJSON")
+    replay.flag("--profile", choices=PROFILE_NAMES, help="default: from vllm_version")
+    replay.flag(
+        "--json", dest="json_path", metavar="FILE", help="one summary per trace (docs/traces.md)"
+    )
 
-    workload = sub.add_parser("workload", help="write a seeded synthetic workload scenario")
-    workload.add_argument("name", help=f"a preset: {', '.join(PRESETS)}")
-    workload.add_argument("--seed", type=int, default=0)
-    workload.add_argument("--profile", choices=PROFILE_NAMES, help="override the preset's")
-    workload.add_argument("--out", metavar="FILE", help="default: standard output")
-    workload.set_defaults(run="dualbudget.reference.workload:command")
+    workload = _Command(
+        sub, "workload", WorkloadOptions, "dualbudget.reference.workload:write_workload",
+        "write a seeded synthetic workload scenario",
+    )  # fmt: skip
+    workload.flag("name", help=f"a preset: {', '.join(PRESETS)}")
+    workload.flag("--seed", type=int)
+    workload.flag("--profile", choices=PROFILE_NAMES, help="override the preset's")
+    workload.flag("--out", metavar="FILE", help="default: standard output")
 
-    prove = sub.add_parser("prove", help="prove every policy against the contract with z3")
-    prove.add_argument("--profile", action="append", choices=PROFILE_NAMES)
-    prove.add_argument("--layout", action="append", choices=LAYOUT_NAMES)
-    prove.add_argument("--only", action="append", choices=CONTRACT_IDS, metavar="CONTRACT")
-    prove.add_argument("--mutants", action="store_true", help="also run the mutant suite")
-    prove.add_argument(
+    prove = _Command(
+        sub, "prove", ProveOptions, "dualbudget.proofs.commands:prove",
+        "prove every policy against the contract with z3",
+    )  # fmt: skip
+    prove.flag("--profile", dest="profiles", action=_Choose, choices=PROFILE_NAMES)
+    prove.flag("--layout", dest="layouts", action=_Choose, choices=LAYOUT_NAMES)
+    prove.flag("--only", dest="contracts", action=_Choose, choices=CONTRACT_IDS, metavar="CONTRACT")
+    prove.flag("--mutants", action="store_true", help="also run the mutant suite")
+    prove.flag(
         "--reach", action="store_true", help="also the reach of each finding (proofs/reach.py)"
     )
-    prove.add_argument("--json", metavar="FILE")
-    prove.add_argument("--junit", metavar="FILE")
-    prove.add_argument("--witness-dir", metavar="DIR", help="where witness scenarios go")
-    prove.set_defaults(run="dualbudget.proofs.commands:prove")
+    prove.flag("--json", dest="json_path", metavar="FILE")
+    prove.flag("--junit", dest="junit_path", metavar="FILE")
+    prove.flag("--witness-dir", type=Path, metavar="DIR", help="where witness scenarios go")
 
-    fuzz = sub.add_parser("fuzz", help="lockstep-fuzz the installed vLLM against the reference")
-    fuzz.add_argument("--examples", type=_positive_int, default=FUZZ_EXAMPLES)
-    fuzz.add_argument("--seed", type=int, default=0)
-    fuzz.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
-    fuzz.add_argument("--max-seconds", type=_nonnegative_float)
-    fuzz.add_argument("--json", metavar="FILE")
-    fuzz.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")
-    fuzz.add_argument("--replay", metavar="SCENARIO", help="lockstep one scenario file and stop")
-    fuzz.add_argument("--layout", action="append", choices=LAYOUT_NAMES, help="only these")
-    fuzz.add_argument(
-        "--no-coverage-gate", action="store_true", help="do not fail on a coverage counter at 0"
-    )
-    _live_arguments(fuzz)
-    fuzz.set_defaults(run="dualbudget.fuzz_cli:fuzz")
+    fuzz = _Command(
+        sub, "fuzz", FuzzOptions, "dualbudget.fuzz_cli:fuzz",
+        "lockstep-fuzz the installed vLLM against the reference",
+    )  # fmt: skip
+    fuzz.flag("--examples", type=_positive_int, help="default %(default)s")
+    fuzz.flag("--seed", type=int)
+    fuzz.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
+    fuzz.flag("--max-seconds", type=_nonnegative_float)
+    fuzz.flag("--json", dest="json_path", metavar="FILE")
+    fuzz.flag("--out-dir", metavar="DIR", help="where divergence scenarios go")
+    fuzz.flag("--replay", metavar="SCENARIO", help="lockstep one scenario file and stop")
+    fuzz.flag("--layout", dest="layouts", action=_Choose, choices=LAYOUT_NAMES, help="only these")
+    fuzz.flag(
+        "--no-coverage-gate", dest="coverage_gate", action="store_false",
+        help="do not fail on a coverage counter at 0",
+    )  # fmt: skip
+    _live_flags(fuzz)
 
-    bench = sub.add_parser("bench", help="steps/s of the reference, the live vLLM, lockstep")
-    bench.add_argument("--json", metavar="FILE")
-    bench.add_argument(
-        "--repeat", type=_positive_int, default=BENCH_REPEAT, metavar="N",
+    bench = _Command(
+        sub, "bench", BenchOptions, "dualbudget.integration.commands:bench",
+        "steps/s of the reference, the live vLLM, lockstep",
+    )  # fmt: skip
+    bench.flag("--json", dest="json_path", metavar="FILE")
+    bench.flag(
+        "--repeat", type=_positive_int, metavar="N",
         help="timed runs per workload and mode (default %(default)s); the median is reported",
     )  # fmt: skip
-    bench.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
-    bench.set_defaults(run="dualbudget.integration.commands:bench")
+    bench.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
 
-    check = sub.add_parser("check", help="the main job: proofs, a short fuzz, one verdict")
-    check.add_argument(
-        "--fuzz-examples", type=_positive_int, default=FUZZ_EXAMPLES, help="examples of the fuzz"
-    )
-    check.add_argument(
-        "--fuzz-seconds", type=_nonnegative_float, default=180.0, help="time cap of the fuzz"
-    )
-    check.add_argument("--seed", type=int, default=1)
-    check.add_argument("--json", metavar="FILE")
-    check.add_argument("--out-dir", metavar="DIR", help="where divergence scenarios go")
-    _live_arguments(check)
-    check.set_defaults(run="dualbudget.check:check")
+    check = _Command(
+        sub, "check", CheckOptions, "dualbudget.check:check",
+        "the main job: proofs, a short fuzz, one verdict",
+    )  # fmt: skip
+    check.flag("--fuzz-examples", type=_positive_int, help="examples of the fuzz")
+    check.flag("--fuzz-seconds", type=_nonnegative_float, help="time cap of the fuzz")
+    check.flag("--seed", type=int)
+    check.flag("--json", dest="json_path", metavar="FILE")
+    check.flag("--out-dir", metavar="DIR", help="where divergence scenarios go")
+    _live_flags(check)
 
-    mutate = sub.add_parser("mutate", help="plant budget bugs in the installed vLLM, fuzz each")
-    mutate.add_argument("--json", metavar="FILE")
-    mutate.add_argument("--operators", nargs="+", metavar="OP", help="default: all")
-    mutate.add_argument("--examples", type=_positive_int, help="fuzz examples per mutant")
-    mutate.add_argument("--seed", type=int, default=1)
-    mutate.add_argument("--jobs", type=_positive_int, help="worker processes (default: cores)")
-    mutate.add_argument("--profile", choices=PROFILE_NAMES, help="default: detected")
-    mutate.add_argument("--out-dir", metavar="DIR", help="where the killers' scenarios go")
-    mutate.set_defaults(run="dualbudget.mutate_cli:mutate")
+    mutate = _Command(
+        sub, "mutate", MutateOptions, "dualbudget.integration.mutate:run_mutate_stage",
+        "plant budget bugs in the installed vLLM, fuzz each",
+    )  # fmt: skip
+    mutate.flag("--json", dest="json_path", metavar="FILE")
+    mutate.flag("--operators", nargs="+", metavar="OP", help="default: all")
+    mutate.flag("--examples", type=_positive_int, help="fuzz examples per mutant")
+    mutate.flag("--seed", type=int)
+    mutate.flag("--jobs", type=_positive_int, help="worker processes (default: cores)")
+    mutate.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
+    mutate.flag("--out-dir", metavar="DIR", help="where the killers' scenarios go")
 
-    from dualbudget.simulate_cli import add_arguments
+    simulate = _Command(
+        sub, "simulate", SimulateOptions, "dualbudget.simulate_cli:simulate_command",
+        "what a budget policy costs on a workload",
+    )  # fmt: skip
+    _simulate_flags(simulate)
 
-    simulate = sub.add_parser("simulate", help="what a budget policy costs on a workload")
-    add_arguments(simulate)
-    simulate.set_defaults(run="dualbudget.simulate_cli:simulate_command")
+    diff = _Command(
+        sub, "diff", DiffOptions, "dualbudget.diff_cli:diff_command",
+        "where two profiles decide differently",
+    )  # fmt: skip
+    _diff_flags(diff)
 
-    from dualbudget.diff_cli import add_arguments as add_diff_arguments
-
-    diff = sub.add_parser("diff", help="where two profiles decide differently")
-    add_diff_arguments(diff)
-    diff.set_defaults(run="dualbudget.diff_cli:diff_command")
-
-    report = sub.add_parser("report", help="write the design-review document")
-    report.add_argument("--out", metavar="DIR", required=True)
-    report.add_argument("--seed", type=int, default=0, help="seed of the standard workloads")
-    report.add_argument("--quick", action="store_true", help="smaller workloads, no proofs")
-    report.add_argument(
-        "--fuzz-json", metavar="FILE", help="a `dualbudget fuzz --json` result to include"
-    )
-    report.add_argument(
-        "--calibration",
-        metavar="NAME",
+    report = _Command(
+        sub, "report", ReportOptions, "dualbudget.report:report",
+        "write the design-review document",
+    )  # fmt: skip
+    report.flag("--out", metavar="DIR", required=True)
+    report.flag("--seed", type=int, help="seed of the standard workloads")
+    report.flag("--quick", action="store_true", help="smaller workloads, no proofs")
+    report.flag("--fuzz-json", metavar="FILE", help="a `dualbudget fuzz --json` result to include")
+    report.flag(
+        "--calibration", metavar="NAME",
         help="the step-time model's calibration, as `dualbudget simulate --calibration`",
-    )
-    report.set_defaults(run="dualbudget.report:report")
+    )  # fmt: skip
     return parser
 
 
-def _resolve(target: str) -> object:
+def options_from(args: argparse.Namespace, options: type[Options]) -> Options:
+    """The subcommand's options: each field from the flag of its name (a list, as
+    ``nargs`` gathers it, as a tuple), but ``known_findings``, which no flag sets: the
+    proofs' manifest's (``fuzz_cli.known_findings``)."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(options):
+        if field.name == "known_findings":
+            from dualbudget.fuzz_cli import known_findings
+
+            values[field.name] = known_findings()
+            continue
+        value = getattr(args, field.name)
+        values[field.name] = tuple(value) if isinstance(value, list) else value
+    return options(**values)
+
+
+def _resolve(target: str) -> Callable[[Any], int]:
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    stage: Callable[[Any], int] = getattr(importlib.import_module(module), name)
+    return stage
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command = _resolve(args.run)
+    stage = _resolve(args.run)
     try:
-        code = command(args)  # type: ignore[operator]
+        code = stage(options_from(args, args.options))
     except BadInput as err:
         print(f"dualbudget {args.command}: error: {err}", file=sys.stderr)
         return 2

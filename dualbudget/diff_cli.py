@@ -12,7 +12,6 @@ runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,18 +28,40 @@ from dualbudget.reference.scenario import (
     load_scenario,
     validate,
 )
-from dualbudget.reference.workload import preset
-from dualbudget.spec.config import ASYNC_SPECULATIVE_METHODS, EngineConfig, SpeculativeConfig
+from dualbudget.reference.workload import DEFAULT_WORKLOAD, preset
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import profile_named
 
-DEFAULT_WORKLOAD = "dspark-bench"
 DEFAULT_SEARCH_LAYOUT = "dflash"
-SEARCH_EXAMPLES = 500
-SEARCH_SECONDS = 90.0
 DEFAULT_OUT = Path("out") / "diff"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffOptions:
+    """One ``dualbudget diff`` run (``diff_command``); its defaults are the flags'."""
+
+    profiles: tuple[str, ...] = ()
+    """Exactly two: A, then B."""
+    layout: str | None = None
+    """The method layout; None: the workload's (``DEFAULT_SEARCH_LAYOUT`` for a search)."""
+    workload: str | None = None
+    """A preset; None, and no ``scenario`` either: ``DEFAULT_WORKLOAD``."""
+    scenario: str | None = None
+    """A scenario JSON file."""
+    search: bool = False
+    """Search for the widest difference instead of running one workload."""
+    seed: int = 0
+    """The preset's and the search's seed."""
+    examples: int = 500
+    """The search's examples."""
+    max_seconds: float = 90.0
+    """The search's time cap."""
+    out: str | None = None
+    """Where the search writes its scenario; None: under ``DEFAULT_OUT``."""
+    json_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,21 +96,8 @@ def _r(bounds: tuple[int, int]) -> str:
 SEARCH_BOUNDS = SearchBounds()
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", action="append", metavar="NAME", help="twice: A, then B")
-    p.add_argument("--layout", metavar="L", help="the method layout (default: the workload's)")
-    p.add_argument("--workload", metavar="NAME", help=f"a preset (default {DEFAULT_WORKLOAD})")
-    p.add_argument("--scenario", metavar="FILE", help="a scenario JSON file")
-    p.add_argument("--search", action="store_true", help="search for the widest difference")
-    p.add_argument("--seed", type=int, default=0, help="the preset's and the search's seed")
-    p.add_argument("--examples", type=int, default=SEARCH_EXAMPLES, help="search examples")
-    p.add_argument("--max-seconds", type=float, default=SEARCH_SECONDS, help="search time cap")
-    p.add_argument("--out", metavar="FILE", help="where --search writes its scenario")
-    p.add_argument("--json", metavar="FILE")
-
-
-def _profiles(args: argparse.Namespace) -> tuple[str, str]:
-    names = list(args.profile or [])
+def _profiles(options: DiffOptions) -> tuple[str, str]:
+    names = list(options.profiles)
     if len(names) != 2:
         raise BadInput(f"--profile: give exactly two profiles (A and B), got {len(names)}")
     for name in names:
@@ -106,33 +114,33 @@ def _with_layout(scenario: Scenario, layout: str | None) -> Scenario:
     return validate(replace(scenario, config=config))
 
 
-def _source(args: argparse.Namespace) -> tuple[str, Scenario]:
-    if args.workload and args.scenario:
+def _source(options: DiffOptions) -> tuple[str, Scenario]:
+    if options.workload and options.scenario:
         raise BadInput("--workload and --scenario: give one of them, not both")
-    if args.scenario:
-        return str(args.scenario), load_scenario(args.scenario)
-    name = args.workload or DEFAULT_WORKLOAD
-    return f"{name} (seed {args.seed})", preset(name).scenario(args.seed)
+    if options.scenario:
+        return options.scenario, load_scenario(options.scenario)
+    name = options.workload or DEFAULT_WORKLOAD
+    return f"{name} (seed {options.seed})", preset(name).scenario(options.seed)
 
 
-def diff_command(args: argparse.Namespace) -> int:
-    a, b = _profiles(args)
-    if args.layout is not None:
-        layout_named(args.layout)
-    if args.search:
-        if args.workload or args.scenario:
+def diff_command(options: DiffOptions) -> int:
+    a, b = _profiles(options)
+    if options.layout is not None:
+        layout_named(options.layout)
+    if options.search:
+        if options.workload or options.scenario:
             raise BadInput("--search: searches its own scenarios; no --workload or --scenario")
-        if args.examples < 1 or args.max_seconds <= 0:
+        if options.examples < 1 or options.max_seconds <= 0:
             raise BadInput("--examples must be >= 1 and --max-seconds > 0")
-        return _search_command(args, a, b)
-    name, scenario = _source(args)
-    scenario = _with_layout(scenario, args.layout)
+        return _search_command(options, a, b)
+    name, scenario = _source(options)
+    scenario = _with_layout(scenario, options.layout)
     result = compare(scenario, a, b)
     print(f"workload: {name}, {len(scenario.requests)} requests")
     print_comparison(result, sys.stdout)
-    if args.json:
+    if options.json_path:
         data = {**result.to_json(), "scenario": name}
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+        Path(options.json_path).write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
@@ -160,10 +168,10 @@ def print_comparison(result: Comparison, out: Any) -> None:
 # -- the search --------------------------------------------------------------------------
 
 
-def _search_command(args: argparse.Namespace, a: str, b: str) -> int:
+def _search_command(options: DiffOptions, a: str, b: str) -> int:
     from dualbudget.proofs.same_decisions import Bounds, same_decisions
 
-    layout = args.layout or DEFAULT_SEARCH_LAYOUT
+    layout = options.layout or DEFAULT_SEARCH_LAYOUT
     bounds = SEARCH_BOUNDS
     started = time.perf_counter()
     proof = same_decisions(a, b, layout, Bounds(bounds.b, bounds.m, bounds.k))
@@ -180,7 +188,7 @@ def _search_command(args: argparse.Namespace, a: str, b: str) -> int:
             "bounds": bounds.text(),
         }
     else:
-        found = search(a, b, layout, args.seed, args.examples, args.max_seconds)
+        found = search(a, b, layout, options.seed, options.examples, options.max_seconds)
         data = {
             "profiles": [a, b],
             "layout": layout,
@@ -196,7 +204,7 @@ def _search_command(args: argparse.Namespace, a: str, b: str) -> int:
             data.update({"differs": False, "first_step": None, "totals": None, "scenario": None})
         else:
             scenario, result = found.best
-            out = Path(args.out) if args.out else DEFAULT_OUT / f"{a}-vs-{b}-{layout}.json"
+            out = Path(options.out) if options.out else DEFAULT_OUT / f"{a}-vs-{b}-{layout}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             dump_scenario(scenario, out)
             print(
@@ -207,8 +215,8 @@ def _search_command(args: argparse.Namespace, a: str, b: str) -> int:
             )
             print_comparison(result, sys.stdout)
             data.update({**result.to_json(), "scenario": str(out)})
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    if options.json_path:
+        Path(options.json_path).write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
@@ -239,6 +247,7 @@ def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: f
 
     bounds = SEARCH_BOUNDS
     row = layout_named(layout)
+    release_a = profile_named(a).release
     started = time.perf_counter()
     state: dict[str, Any] = {"best": None, "score": (-1, -1.0, -1), "examples": 0, "capped": False}
 
@@ -279,7 +288,11 @@ def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: f
             num_gpu_blocks=blocks,
             speculative_config=SpeculativeConfig.for_layout(row, k),
         )
-        asynchronous = row.speculative_method in ASYNC_SPECULATIVE_METHODS and draw(st.booleans())
+        # Async only where the scenario's release runs this drafter async (the check of
+        # profile B's release follows, in validation).
+        spec = config.speculative_config
+        assert spec is not None
+        asynchronous = runs_async(spec, release_a) and draw(st.booleans())
         policy = draw(st.sampled_from(("fcfs", "priority")))
         priority = st.integers(0, 2) if policy == "priority" else st.just(0)
         config = replace(config, async_scheduling=asynchronous, scheduling_policy=policy)

@@ -2,20 +2,19 @@
 
 The command line fills what ``integration/`` may not read itself: the known findings come
 from the proofs' manifest (``proofs.manifest.expected_findings``), the one list of the
-policies' expected failures, narrowed to the items the reference checks every step.
+policies' expected failures, narrowed to the items the reference checks every step; and a
+``--scheduler-cls`` that names no vLLM scheduler is bad input naming the flag.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 from typing import TYPE_CHECKING
 
 from dualbudget.spec.errors import BadInput
-from dualbudget.spec.methods import LAYOUT_NAMES
 
 if TYPE_CHECKING:
-    from dualbudget.integration.machine import FindingKey
+    from dualbudget.integration.commands import FuzzOptions
+    from dualbudget.integration.outcome import FindingKey
 
 STEP_CHECKED = ("C1", "C2", "C3")
 """The contract items the reference checks after every step (``spec.invariants.
@@ -28,11 +27,6 @@ def known_findings() -> frozenset[FindingKey]:
     from dualbudget.proofs.manifest import expected_findings
 
     return frozenset(key for key in expected_findings() if key[2] in STEP_CHECKED)
-
-
-def default_jobs() -> int:
-    """The fuzz's worker processes when ``--jobs`` is not given: one per core."""
-    return os.cpu_count() or 1
 
 
 def check_scheduler_cls(path: str | None) -> None:
@@ -53,29 +47,10 @@ def check_scheduler_cls(path: str | None) -> None:
         raise BadInput(f"--scheduler-cls {err}") from None
 
 
-def fuzz(args: argparse.Namespace) -> int:
-    from dualbudget.integration.commands import (
-        DEFAULT_OUT_DIR,
-        FuzzOptions,
-        replay_scenario,
-        run_fuzz_stage,
-    )
+def fuzz(options: FuzzOptions) -> int:
+    """The fuzz stage (or, with ``options.replay``, one scenario's lockstep), after the
+    check of ``--scheduler-cls``."""
+    from dualbudget.integration.commands import run_fuzz_stage
 
-    check_scheduler_cls(args.scheduler_cls)
-    if args.replay:
-        return replay_scenario(args.replay, args.profile, args.scheduler_cls)
-    options = FuzzOptions(
-        examples=args.examples,
-        seed=args.seed,
-        known_findings=known_findings(),
-        jobs=args.jobs or default_jobs(),
-        profile=args.profile,
-        max_seconds=args.max_seconds,
-        json_path=args.json,
-        out_dir=args.out_dir or DEFAULT_OUT_DIR,
-        layouts=tuple(args.layout or LAYOUT_NAMES),
-        coverage_gate=not args.no_coverage_gate,
-        scheduler_cls=args.scheduler_cls,
-        top_up_rounds=args.top_up_rounds,
-    )
+    check_scheduler_cls(options.scheduler_cls)
     return run_fuzz_stage(options)

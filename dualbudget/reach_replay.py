@@ -18,9 +18,10 @@ from dualbudget.spec.invariants import one_more_token_fits
 from dualbudget.spec.policies import StepParams
 
 
-def replay_reach(profile: str, check: str, scenario: dict[str, Any]) -> str | None:
-    """What the reference's first step of ``scenario`` shows for the finding ``check`` of
-    ``profile`` (one line), or None when it does not show it."""
+def replay_reach(profile: str, contract: str, check: str, scenario: dict[str, Any]) -> str | None:
+    """What the reference's first step of ``scenario`` shows for the finding ``check`` (of
+    the contract item ``contract``) of ``profile`` (one line), or None when it does not
+    show it."""
     if check == "C4-converse":
         try:
             parse_scenario(scenario)
@@ -35,12 +36,12 @@ def replay_reach(profile: str, check: str, scenario: dict[str, Any]) -> str | No
     run = ScenarioRun(parsed, max_steps=1, check="collect")
     record = next(run.records())
     p = StepParams.of(parsed.config)
-    if check.startswith("C3"):
+    if contract == "C3":
         broken = [v for v in run.scheduler.violations if v.contract == "C3"]
         if broken and record.draft_rows > p.max_num_batched_tokens:
             return f"C3: D={record.draft_rows} > B={p.max_num_batched_tokens}"
         return None
-    if check.startswith("C5"):
+    if contract == "C5":
         needs = {r.id: r.prompt_len for r in parsed.requests}
         scheduled = record.num_scheduled_tokens
         cut = [rid for rid in needs if scheduled.get(rid, 0) < needs[rid]]
@@ -52,7 +53,7 @@ def replay_reach(profile: str, check: str, scenario: dict[str, Any]) -> str | No
         if one_more_token_fits(p, record.target_tokens - got, draft, count, got):
             return f"C5: {cut[0]} got {got} of {needs[cut[0]]}, one more fits"
         return None
-    if check.startswith("C6"):
+    if contract == "C6":
         lower = lower_of(parsed.profile)
         if lower is None:
             return None

@@ -13,17 +13,17 @@ calibration of the step-time model.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dualbudget.cli import FUZZ_EXAMPLES
+from dualbudget import TRACES
+from dualbudget.integration.commands import FUZZ_EXAMPLES
 from dualbudget.reference.simulate import (
     CALIBRATIONS,
     DEFAULT_CALIBRATION,
@@ -35,9 +35,6 @@ from dualbudget.reference.workload import preset
 from dualbudget.spec.contract import contract_markdown
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import PROFILES, PROPOSAL_NAMES
-
-REPO = Path(__file__).resolve().parent.parent
-TRACES = REPO / "tests" / "data" / "traces"
 
 STANDARD_WORKLOADS = (
     ("long-prompts", "low concurrency, long prompts"),
@@ -140,7 +137,7 @@ def reach_lines(
     rows = reach_rows(reaches, {o.name: minimal_witness(o.table) for o in outcomes})
     rows[0].append("reference replay")
     for r, row in zip(reaches, rows[1:], strict=True):
-        shown = replay_reach(r.profile, r.check, r.scenario) if r.scenario else None
+        shown = replay_reach(r.profile, r.contract, r.check, r.scenario) if r.scenario else None
         if r.scenario_path:
             name = Path(r.scenario_path).name
             row[3] += f" ([scenario](witnesses/reach/{name}))"
@@ -318,7 +315,7 @@ def traces_section(fuzz_json: Path | None = None) -> list[str]:
     lines = [
         "## Differential and trace-replay status",
         "",
-        "Recorded vLLM traces (tests/data/traces) replayed through the reference,"
+        "Recorded vLLM traces (dualbudget/traces) replayed through the reference,"
         " decision by decision:",
         "",
         _table(rows),
@@ -416,8 +413,24 @@ def simulation_section(
     return lines
 
 
-def report(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """One ``dualbudget report`` run (``report``); its defaults are the flags'."""
+
+    out: str
+    """The folder the document and its plots go to."""
+    seed: int = 0
+    """The seed of the standard workloads."""
+    quick: bool = False
+    """Smaller workloads, no proofs."""
+    fuzz_json: str | None = None
+    """A ``dualbudget fuzz --json`` result to include; None: the document says it has none."""
+    calibration: str = DEFAULT_CALIBRATION
+    """The step-time model's calibration, as ``dualbudget simulate --calibration``."""
+
+
+def report(options: ReportOptions) -> int:
+    out = Path(options.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -435,19 +448,18 @@ def report(args: argparse.Namespace) -> int:
         contract_markdown(),
         *profiles_section(),
     ]
-    calibration = args.calibration or DEFAULT_CALIBRATION
+    calibration = options.calibration
     calibration_named(calibration)  # an unknown name is bad input before any work
     sections: list[tuple[str, Any]] = []
-    if args.quick:
+    if options.quick:
         lines += ["## Proof verdicts", "", "Not run (`--quick`).", ""]
     else:
         sections.append(("proofs", lambda: proofs_section(out)))
-    sections.append(("differences", lambda: differences_section(args.seed, args.quick)))
-    fuzz_json = Path(args.fuzz_json) if args.fuzz_json else None
+    seed, quick = options.seed, options.quick
+    sections.append(("differences", lambda: differences_section(seed, quick)))
+    fuzz_json = Path(options.fuzz_json) if options.fuzz_json else None
     sections.append(("traces", lambda: traces_section(fuzz_json)))
-    sections.append(
-        ("simulation", lambda: simulation_section(out, args.seed, args.quick, calibration))
-    )
+    sections.append(("simulation", lambda: simulation_section(out, seed, quick, calibration)))
     for name, build in sections:
         t0 = time.perf_counter()
         print(f"report: {name} ...", file=sys.stderr, flush=True)

@@ -7,14 +7,13 @@ there are cores for it, the table, ``--json`` and ``--plot``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,7 +26,6 @@ from dualbudget.reference.scenario import (
 )
 from dualbudget.reference.scheduler import PREFIX_OBSERVED
 from dualbudget.reference.simulate import (
-    CALIBRATIONS,
     DEFAULT_CALIBRATION,
     DEFAULT_PROFILES,
     Calibration,
@@ -35,11 +33,12 @@ from dualbudget.reference.simulate import (
     StepTimeModel,
     calibration_named,
     ratios,
+    scenario_from_trace,
     simulate,
     to_json,
 )
-from dualbudget.reference.trace import read_trace, scenario_from_trace
-from dualbudget.reference.workload import PRESETS, preset
+from dualbudget.reference.trace import read_trace
+from dualbudget.reference.workload import DEFAULT_WORKLOAD, preset
 from dualbudget.spec.errors import BadInput
 
 TIME_NOTE = (
@@ -49,76 +48,72 @@ TIME_NOTE = (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--workload", metavar="NAME", help="a preset (default: dspark-bench)")
-    source.add_argument("--scenario", metavar="FILE", help="a scenario JSON file")
-    source.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="a recorded dualbudget trace: its config, arrivals and measured acceptance",
-    )
-    p.add_argument("--seed", type=int, default=0, help="the preset's seed")
-    cached = ", ".join(name for name, w in PRESETS.items() if w.config.enable_prefix_caching)
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        help="vLLM's prefix caching on or off (default: the workload's own setting, off"
-        f" unless it says otherwise; presets with it on: {cached}; the report's first"
-        " line says which holds)",
-    )
-    p.add_argument("--profile", action="append", help="repeatable; default: 0.32, 0.33, dual")
-    p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
-    p.add_argument("--max-num-seqs", type=int, metavar="N")
-    p.add_argument("--speculative-config", metavar="JSON", help="as vLLM takes it")
-    p.add_argument(
-        "--calibration",
-        metavar="NAME",
-        default=DEFAULT_CALIBRATION,
-        help=f"the step-time coefficients: {', '.join(CALIBRATIONS)} (default"
-        f" {DEFAULT_CALIBRATION})",
-    )
-    for name in ("a", "b", "c"):
-        p.add_argument(
-            f"--step-time-{name}",
-            type=float,
-            metavar="S",
-            help="override this coefficient of the calibration (seconds)",
-        )
-    p.add_argument("--max-steps", type=int, help="stop each run after N steps")
-    p.add_argument("--jobs", type=int, help="processes (default: min(cores, profiles))")
-    p.add_argument("--json", metavar="FILE")
-    p.add_argument("--plot", metavar="DIR", help="write PNG plots here")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+@dataclass(frozen=True, kw_only=True)
+class SimulateOptions:
+    """One ``dualbudget simulate`` run (``simulate_command``); its defaults are the flags'.
+
+    The workload is one of ``trace``, ``scenario`` and ``workload``, in that order; none
+    given: the preset ``DEFAULT_WORKLOAD``."""
+
+    workload: str | None = None
+    """A preset of ``reference.workload.PRESETS``, run with ``seed``."""
+    scenario: str | None = None
+    """A scenario JSON file."""
+    trace: str | None = None
+    """A recorded trace: its config, arrivals and measured acceptance."""
+    seed: int = 0
+    enable_prefix_caching: bool | None = None
+    """vLLM's prefix caching on or off; None: the workload's own setting."""
+    profiles: tuple[str, ...] = DEFAULT_PROFILES
+    max_num_batched_tokens: int | None = None
+    """Overrides the workload's; so do the next two."""
+    max_num_seqs: int | None = None
+    speculative_config: str | None = None
+    """JSON, as vLLM takes it."""
+    calibration: str = DEFAULT_CALIBRATION
+    """The step-time coefficients (``reference.simulate.CALIBRATIONS``)."""
+    step_time_a: float | None = None
+    """Replaces the calibration's coefficient ``a`` (seconds); so do the next two."""
+    step_time_b: float | None = None
+    step_time_c: float | None = None
+    max_steps: int | None = None
+    """Stop each run after this many steps; None: when every request has finished."""
+    jobs: int | None = None
+    """Processes; None: one per profile, at most one per core."""
+    json_path: str | None = None
+    plot: str | None = None
+    """A folder for PNG plots; None: no plots."""
+    quiet: bool = False
+    """No progress lines."""
 
 
-def load_workload(args: argparse.Namespace) -> tuple[str, Scenario]:
+def load_workload(options: SimulateOptions) -> tuple[str, Scenario]:
     """The workload's name and scenario, with the engine overrides applied."""
-    prefix_caching: bool | None = getattr(args, "enable_prefix_caching", None)
-    if getattr(args, "trace", None):
-        trace = read_trace(args.trace)
-        name, scenario = str(args.trace), scenario_from_trace(trace, "dual", args.seed)
+    prefix_caching = options.enable_prefix_caching
+    if options.trace:
+        trace = read_trace(options.trace)
+        name, scenario = options.trace, scenario_from_trace(trace, "dual", options.seed)
         caching = (
             scenario.config.enable_prefix_caching if prefix_caching is None else prefix_caching
         )
         if caching and any(r.prompt_token_ids is None for r in scenario.requests):
             # The driver would give each request ids of its own: no hit, silently.
             raise BadInput(
-                f"--trace {args.trace}: prefix caching is on, but the trace's requests carry"
-                " no token ids, so a what-if cannot reproduce its hits; simulate it with"
-                " --no-enable-prefix-caching"
+                f"--trace {options.trace}: prefix caching is on, but the trace's requests"
+                " carry no token ids, so a what-if cannot reproduce its hits; simulate it"
+                " with --no-enable-prefix-caching"
             )
-    elif args.scenario:
-        name, scenario = str(args.scenario), load_scenario(args.scenario)
+    elif options.scenario:
+        name, scenario = options.scenario, load_scenario(options.scenario)
     else:
-        name = args.workload or "dspark-bench"
-        scenario = preset(name).scenario(args.seed)
-        name = f"{name} (seed {args.seed})"
+        name = options.workload or DEFAULT_WORKLOAD
+        scenario = preset(name).scenario(options.seed)
+        name = f"{name} (seed {options.seed})"
     return name, with_overrides(
         scenario,
-        args.max_num_batched_tokens,
-        args.max_num_seqs,
-        args.speculative_config,
+        options.max_num_batched_tokens,
+        options.max_num_seqs,
+        options.speculative_config,
         prefix_caching,
     )
 
@@ -153,13 +148,13 @@ def check_profiles(names: Sequence[str]) -> None:
         profile_named(name)  # raises UnknownProfile (BadInput)
 
 
-def time_model(args: argparse.Namespace) -> Calibration:
+def time_model(options: SimulateOptions) -> Calibration:
     """The calibration named by ``--calibration``, with any ``--step-time-X`` replacing
     its coefficient (then named ``custom``, so no output passes it off as the named one)."""
-    calibration = calibration_named(args.calibration)
+    calibration = calibration_named(options.calibration)
     given: dict[str, float] = {}
-    for name in ("a", "b", "c"):
-        value = getattr(args, f"step_time_{name}", None)
+    steps = {"a": options.step_time_a, "b": options.step_time_b, "c": options.step_time_c}
+    for name, value in steps.items():
         if value is None:
             continue
         if value < 0:
@@ -223,23 +218,23 @@ def run_profiles(
         return list(pool.imap(_run_one, work, chunksize=1))
 
 
-def simulate_command(args: argparse.Namespace) -> int:
+def simulate_command(options: SimulateOptions) -> int:
     started = time.perf_counter()
-    profiles = list(args.profile or DEFAULT_PROFILES)
+    profiles = list(options.profiles)
     check_profiles(profiles)
-    calibration = time_model(args)
-    if args.max_steps is not None and args.max_steps < 1:
+    calibration = time_model(options)
+    if options.max_steps is not None and options.max_steps < 1:
         raise BadInput("--max-steps: must be >= 1")
-    if args.jobs is not None and args.jobs < 1:
+    if options.jobs is not None and options.jobs < 1:
         raise BadInput("--jobs: must be >= 1")
-    name, scenario = load_workload(args)
+    name, scenario = load_workload(options)
     refused: list[str] = []
     results = run_profiles(
         scenario,
         profiles,
-        max_steps=args.max_steps,
-        jobs=args.jobs,
-        quiet=args.quiet,
+        max_steps=options.max_steps,
+        jobs=options.jobs,
+        quiet=options.quiet,
         refused=refused,
     )
     wall = time.perf_counter() - started
@@ -250,13 +245,13 @@ def simulate_command(args: argparse.Namespace) -> int:
         f"wall time: {wall:.1f} s for {len(profiles)} profiles"
         f" (per profile: {', '.join(f'{r.profile} {r.wall_seconds:.1f} s' for r in results)})"
     )
-    if args.json:
+    if options.json_path:
         document = to_json(name, results, calibration)
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
-    if args.plot:
+        Path(options.json_path).write_text(json.dumps(document, indent=1) + "\n")
+    if options.plot:
         from dualbudget.plots import write_plots
 
-        for path in write_plots(results, Path(args.plot)):
+        for path in write_plots(results, Path(options.plot)):
             print(f"plot: {path}")
     return 0
 

@@ -1,17 +1,17 @@
 """``dualbudget fuzz`` and ``dualbudget bench``: the stages that drive the installed vLLM.
 
-Each stage takes typed parameters (``FuzzOptions``); the command line (``dualbudget/``)
-fills them from its flags. Exit codes: 0 all agreed (and, for fuzz, every coverage counter
-above zero), 1 a divergence, an unknown contract finding or zero coverage, 2 bad input
-(including a missing vLLM: there is nothing to check against).
+Each stage takes its typed options (``FuzzOptions``, ``BenchOptions``); the command line
+(``dualbudget/``) fills them from its flags, whose defaults are the options' own. Exit
+codes: 0 all agreed (and, for fuzz, every coverage counter above zero), 1 a divergence,
+an unknown contract finding or zero coverage, 2 bad input (including a missing vLLM:
+there is nothing to check against).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
-import logging
+import os
 import statistics
 import sys
 import time
@@ -24,25 +24,32 @@ from dualbudget.reference.scenario import Scenario
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES
 
-if TYPE_CHECKING:  # both import Hypothesis: loaded only when the fuzz runs
-    from .fuzz import FuzzResult
-    from .machine import FindingKey
+from .live import quiet_vllm
+
+if TYPE_CHECKING:
+    from .outcome import FindingKey, FuzzResult
 
 DEFAULT_OUT_DIR = "fuzz-divergences"
 """Where divergence and finding scenarios go."""
-
-
-def quiet_vllm() -> None:
-    # vLLM logs config warnings for every scheduler it builds; keep errors only.
-    import os
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    logging.getLogger("vllm").setLevel(logging.ERROR)
+FUZZ_EXAMPLES = 200
+"""The examples of a fuzz, ``dualbudget fuzz`` and ``dualbudget check`` alike: every
+(method, aim) unit gets its share (``integration.fuzz.shares``); about a minute on a
+2-core machine, most of it vLLM's one-off import and model inspection."""
+FUZZ_TOP_UP_ROUNDS = 2
+"""Top-up rounds of a fuzz, ``dualbudget fuzz`` and ``dualbudget check`` alike: a unit
+whose aim draws a required event some method left at zero runs again with a fresh seed
+(``integration.fuzz.run_fuzz``). At 200 examples seeds 0, 3 and 4 left one to three such
+events at zero under vLLM 0.32 (seed 1 none, so its run is unchanged)."""
 
 
 def write_json(path: str | Path | None, obj: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def jobs_or_cores(jobs: int | None) -> int:
+    """Worker processes: ``jobs``, or one per core when None (``--jobs`` not given)."""
+    return jobs or os.cpu_count() or 1
 
 
 def vllm_or_exit(command: str) -> str | None:
@@ -73,30 +80,40 @@ def choose_profile(profile: str | None) -> tuple[str, str]:
 
 
 # -- fuzz -----------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FuzzOptions:
-    """One ``dualbudget fuzz`` run (``run_fuzz_stage``)."""
+    """One ``dualbudget fuzz`` run (``run_fuzz_stage``); its defaults are the flags'."""
 
-    examples: int
-    seed: int
     known_findings: frozenset[FindingKey]
-    """(profile, layout, contract) breaks that are findings, not failures."""
-    jobs: int = 1
+    """(profile, layout, contract) breaks that are findings, not failures; no flag: the
+    command line takes them from the proofs' manifest."""
+    examples: int = FUZZ_EXAMPLES
+    seed: int = 0
+    jobs: int | None = None
+    """Worker processes; None: one per core. Any number gives the same result."""
     profile: str | None = None
     """None: detected from the installed vLLM."""
     max_seconds: float | None = None
     json_path: str | Path | None = None
     out_dir: str | Path = DEFAULT_OUT_DIR
+    """Where divergence and finding scenarios go."""
+    replay: str | None = None
+    """A scenario file: lockstep it alone (``replay_scenario``) instead of fuzzing."""
     layouts: tuple[str, ...] = LAYOUT_NAMES
     coverage_gate: bool = True
+    """Fail on a required coverage counter left at zero."""
     scheduler_cls: str | None = None
     """An import path of a vLLM ``Scheduler`` subclass to check instead of vLLM's."""
-    top_up_rounds: int = 0
-    """Rounds rerunning units for required coverage left at zero (``run_fuzz``)."""
+    top_up_rounds: int = FUZZ_TOP_UP_ROUNDS
+    """Rounds rerunning units for required coverage left at zero (``run_fuzz``); none
+    without the coverage gate, which they serve."""
 
 
 def run_fuzz_stage(options: FuzzOptions) -> int:
-    """The fuzz with its progress, its coverage table and its verdict; its exit code."""
+    """The fuzz with its progress, its coverage table and its verdict; its exit code
+    (with ``options.replay``: that scenario's lockstep, ``replay_scenario``)."""
+    if options.replay is not None:
+        return replay_scenario(options.replay, options.profile, options.scheduler_cls)
     quiet_vllm()
     version = vllm_or_exit("fuzz")
     if version is None:
@@ -109,11 +126,12 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
     from .fuzz import run_fuzz
 
     layouts = list(options.layouts)
+    jobs = jobs_or_cores(options.jobs)
     checked = f", scheduler {options.scheduler_cls}" if options.scheduler_cls else ""
     print(
         f"dualbudget fuzz: vLLM {version}{checked}, profile {profile} ({how}), seed"
         f" {options.seed}, {options.examples} examples, layouts {', '.join(layouts)},"
-        f" {options.jobs} job{'s' if options.jobs > 1 else ''}",
+        f" {jobs} job{'s' if jobs > 1 else ''}",
         flush=True,
     )
     result = run_fuzz(
@@ -127,7 +145,7 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         layouts=layouts,
         progress=lambda line: print(line, flush=True),
         scheduler_cls=options.scheduler_cls,
-        jobs=options.jobs,
+        jobs=jobs,
         # The rounds serve the gate: a run without it has nothing to top up for.
         top_up_rounds=options.top_up_rounds if options.coverage_gate else 0,
     )
@@ -158,45 +176,19 @@ def fuzz_json(result: FuzzResult) -> dict[str, Any]:
     }
 
 
-SHORT_EVENT_NAMES = {
-    "input_budget_bound": "input-bound",
-    "chunked_prefill": "chunked",
-    "preemption": "preempt",
-    "preempt_scheduled": "preempt-sched",
-    "padded_decode": "padded",
-    "rejected_drafts": "rejected",
-    "max_model_len_cap": "len-cap",
-    "bound_after_refund": "after-refund",
-    "token_budget_bound": "token-bound",
-    "async_in_flight": "in-flight",
-    "stale_output": "stale",
-    "in_flight_max_tokens_skip": "max-tok-skip",
-    "natural_stop": "stop",
-    "prefix_hit": "hit",
-    "full_prefix_hit": "full-hit",
-    "cached_block_evicted": "evicted",
-    "hit_on_running_block": "hit-running",
-    "resume_rehit": "rehit",
-}
-"""The coverage table's column heads."""
-
-
 def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple[int, str]:
     """(exit code, the coverage table and the verdict line)."""
-    from .fuzz import AIMS
-    from .lockstep import COVERAGE_EVENTS
+    from .aims import AIMS
+    from .coverage import COVERAGE, EVENT_NAMES
 
-    short = SHORT_EVENT_NAMES
-    head = f"{'method':<16}{'ex':>4}" + "".join(f"{short[e]:>14}" for e in COVERAGE_EVENTS)
+    head = f"{'method':<16}{'ex':>4}" + "".join(f"{e.short:>14}" for e in COVERAGE)
     lines = ["", "coverage (events per method):", head + "  built as"]
     for layout in layouts:
         per = result.coverage.get(layout, {})
         required = result.required(layout)
         built = ", ".join(sorted(result.constructions.get(layout, set()))) or "-"
         # A count the gate does not require is shown in parentheses.
-        cells = [
-            f"{per.get(e, 0)}" if e in required else f"({per.get(e, 0)})" for e in COVERAGE_EVENTS
-        ]
+        cells = [f"{per.get(e, 0)}" if e in required else f"({per.get(e, 0)})" for e in EVENT_NAMES]
         lines.append(
             f"{layout:<16}{result.examples_by_layout.get(layout, 0):>4}"
             + "".join(f"{cell:>14}" for cell in cells)
@@ -320,11 +312,11 @@ def workload_method(scenario: Scenario) -> str:
 def _record_events(scenario: Scenario) -> list[list[Event]]:
     """The event stream of a reference run, step by step (each list ends with the
     step's ModelOutput/DraftProposals)."""
+    from dualbudget.reference.async_scheduler import make_scheduler
     from dualbudget.reference.driver import EventDriver, drive
-    from dualbudget.reference.scheduler import Scheduler
     from dualbudget.spec.profiles import profile_named
 
-    reference = Scheduler(scenario.config, profile_named(scenario.profile), check="collect")
+    reference = make_scheduler(scenario.config, profile_named(scenario.profile), check="collect")
     return [step.events for step in drive(EventDriver.of(scenario), reference)]
 
 
@@ -341,6 +333,7 @@ def _time_stream(scenario: Scenario, profile: str, mode: str, stream: list[list[
 
     Building the schedulers is not timed (vLLM's is built once per fuzz example, and its
     construction is not a scheduling step), nor is collecting earlier runs' garbage."""
+    from dualbudget.reference.async_scheduler import make_scheduler
     from dualbudget.reference.scheduler import Scheduler
     from dualbudget.spec.profiles import profile_named
 
@@ -348,7 +341,7 @@ def _time_stream(scenario: Scenario, profile: str, mode: str, stream: list[list[
 
     consumers: list[Scheduler | LiveScheduler] = []
     if mode in ("reference", "lockstep"):
-        consumers.append(Scheduler(scenario.config, profile_named(profile), check="collect"))
+        consumers.append(make_scheduler(scenario.config, profile_named(profile), check="collect"))
     if mode in ("live", "lockstep"):
         consumers.append(LiveScheduler(scenario.config))
     # Collect the garbage of earlier runs now, so that no mode pays for another's.
@@ -375,19 +368,27 @@ def _time_stream(scenario: Scenario, profile: str, mode: str, stream: list[list[
     return time.perf_counter() - start
 
 
-def bench(args: argparse.Namespace) -> int:
-    """``dualbudget bench``: its flags to ``run_bench``."""
-    return run_bench(profile=args.profile, repeat=args.repeat, json_path=args.json)
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """One ``dualbudget bench`` run (``bench``); its defaults are the flags'."""
+
+    profile: str | None = None
+    """None: detected from the installed vLLM."""
+    repeat: int = 7
+    """Timed runs per workload and mode, interleaved; each mode's figure is the median run
+    (on a shared 2-core machine single runs of one stream vary by up to 1.6x, so fewer
+    runs let one slow spell move the ratio)."""
+    json_path: str | None = None
 
 
-def run_bench(*, profile: str | None, repeat: int, json_path: str | None) -> int:
-    """Steps/s of each mode on every bench workload (``profile`` None: detected); its
-    exit code."""
+def bench(options: BenchOptions) -> int:
+    """Steps/s of each mode on every bench workload; its exit code."""
     quiet_vllm()
     version = vllm_or_exit("bench")
     if version is None:
         return 2
-    profile, how = choose_profile(profile)
+    profile, how = choose_profile(options.profile)
+    repeat = options.repeat
     modes = ("reference", "live", "lockstep")
     print(
         f"dualbudget bench: vLLM {version}, profile {profile} ({how}), median of {repeat} runs"
@@ -444,5 +445,5 @@ def run_bench(*, profile: str | None, repeat: int, json_path: str | None) -> int
         f" lockstep {out['lockstep_steps_per_s']}/s, ratio reference/live {out['ratio']}x"
         f" (target >= {BENCH_TARGET_RATIO}x)"
     )
-    write_json(json_path, out)
+    write_json(options.json_path, out)
     return 0

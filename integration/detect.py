@@ -1,11 +1,11 @@
 """Which profile the installed vLLM follows.
 
-A known release is recognised by ``vllm.__version__`` (0.32.x -> ``vllm-0.32``, 0.33.x ->
-``vllm-0.33``: ``spec.profiles.KNOWN_RELEASES``). Anything else (a development checkout,
-as vLLM's own CI would run this) is probed: the slots vLLM reports per method and
-whether it caps DFlash/DSpark admission are compared with what each profile's tables
-predict. No match is an error that prints what was found. ``--profile`` overrides
-detection; lockstep then shows any mismatch as a divergence.
+A release build of a known release is recognised by ``vllm.__version__``
+(``spec.releases.release_of``: its record names its profile). Anything else (a
+development checkout, as vLLM's own CI would run this) is probed: the slots vLLM reports
+per method and whether it caps DFlash/DSpark admission are compared with what each
+release's record predicts. No match is an error that prints what was found.
+``--profile`` overrides detection; lockstep then shows any mismatch as a divergence.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.policies import StepParams
-from dualbudget.spec.profiles import KNOWN_RELEASES, PROFILES, profile_named
+from dualbudget.spec.profiles import profile_named
+from dualbudget.spec.releases import RELEASES, release_of
 
 from .live import Unsupported, build_vllm_config, require_vllm
 
@@ -75,7 +76,7 @@ def observe() -> dict[str, Any]:
 
 
 def predicted(profile_name: str) -> dict[str, Any]:
-    """What a profile's tables say vLLM derives for each probe config."""
+    """What a profile's release says vLLM derives for each probe config."""
     policy = profile_named(profile_name).policy
     out: dict[str, Any] = {}
     for name, spec in PROBES.items():
@@ -89,24 +90,20 @@ def predicted(profile_name: str) -> dict[str, Any]:
 
 def detect() -> Detection:
     version = require_vllm()
-    match = re.match(r"(\d+)\.(\d+)\.\d+$", version)
-    if match:
-        release = f"{match.group(1)}.{match.group(2)}"
-        if release in KNOWN_RELEASES:
-            return Detection(KNOWN_RELEASES[release], version, "version", {})
+    # A release build (major.minor.patch); a development version is probed instead.
+    release = release_of(version) if re.fullmatch(r"\d+\.\d+\.\d+", version) else None
+    if release is not None:
+        return Detection(release.profile_name, version, "version", {})
     return detect_by_probe(version)
 
 
 def detect_by_probe(version: str) -> Detection:
     observed = observe()
-    candidates = [
-        name for name, p in PROFILES.items() if p.vllm_version and predicted(name) == observed
-    ]
+    names = [release.profile_name for release in RELEASES.values()]
+    candidates = [name for name in names if predicted(name) == observed]
     if len(candidates) != 1:
         lines = [f"no profile matches vLLM {version}; observed (K={PROBE_K}, B={PROBE_B}):"]
         lines += [f"  {name}: {value}" for name, value in observed.items()]
-        for name, p in PROFILES.items():
-            if p.vllm_version:
-                lines.append(f"  {name} predicts: {predicted(name)}")
+        lines += [f"  {name} predicts: {predicted(name)}" for name in names]
         raise DetectionFailed("\n".join(lines))
     return Detection(candidates[0], version, "probe", observed)

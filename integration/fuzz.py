@@ -1,23 +1,24 @@
 """Stateful differential fuzzing of the live vLLM scheduler against the reference.
 
 The examples are shared out, not drawn from one pool: every method (layout) gets its own
-share, and each share is split over *aims* (``machine.AIMS``): ``mixed`` draws configs
+share, and each share is split over *aims* (``aims.AIMS``): ``mixed`` draws configs
 over the whole space, the others draw configs and requests aimed at one coverage event
 or one rule's boundary that a uniform draw reaches rarely (a bound input budget, a
 preemption of a request already scheduled in the step, a padded decode, a long-prefill
-threshold with one request alone). Each (layout, aim) unit is one
-Hypothesis run of ``machine.LockstepMachine`` with its own seed derived from ``--seed``
+threshold with one request alone). Each (layout, aim) unit is one Hypothesis run of its
+aim's ``machine.LockstepMachine`` with its own seed derived from ``--seed``
 (``unit_seed``), so a unit's examples depend on nothing but its seed: units run in any
 process (``jobs``) and are merged in unit order, so any ``jobs`` gives the same result.
 A run stops at the first unit, in unit order, with a divergence or an unknown finding
 (a C1-C3 break not in ``known_findings``).
 
-Coverage is counted per method (``lockstep.COVERAGE_EVENTS``) so that a run that never
-reached an event says so; ``FuzzResult.zero_coverage`` lists the (method, event) pairs
-that ``required_events`` demands of the run's release still at zero. Before the gate
-reads it, a run's top-up rounds rerun, each with seeds of its own, the units whose aims
-draw those events (``EVENT_AIMS``, ``top_up_units``): a rare event left at zero by one
-seed's planned units is looked for again rather than failing the run.
+Coverage is counted per method (the events of ``coverage.COVERAGE``) so that a run that
+never reached an event says so; ``FuzzResult.zero_coverage`` lists the (method, event)
+pairs that ``coverage.required_events`` demands of the run's release still at zero.
+Before the gate reads it, a run's top-up rounds rerun, each with seeds of its own, the
+units whose aims draw those events (each event's row names its aim; ``top_up_units``):
+a rare event left at zero by one seed's planned units is looked for again rather than
+failing the run.
 """
 
 from __future__ import annotations
@@ -27,125 +28,18 @@ import multiprocessing
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Semaphore
 from pathlib import Path
 
-from dualbudget.reference.prefix_cache import HitRule
-from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
-from dualbudget.spec.profiles import profile_named
 
-from .lockstep import COVERAGE_EVENTS, Divergence, DivergenceFound
-from .machine import (
-    AIMS,
-    Finding,
-    FindingKey,
-    Outcome,
-    TimeUp,
-    UnitRun,
-    machine_for,
-    never_cancelled,
-)
-
-__all__ = [
-    "AIMS",
-    "Finding",
-    "FindingKey",
-    "FuzzResult",
-    "FuzzWorkers",
-    "first_divergence",
-    "required_events",
-    "run_fuzz",
-    "shares",
-    "unit_seed",
-]
-
-# The coverage gate: which events must be reached, per layout. Every event is required
-# for every layout fuzzed, under both releases; why each is reachable:
-# - input_budget_bound: with slots > 0 (0.32: p-eagle K>=2, draft-model, pard, dflash,
-#   dspark K>=2; 0.33: the same but dflash/dspark reserve 0) any grant past
-#   ``B - sum(q + slots) - slots`` is cut by the input budget. With 0 slots (ngram, eagle;
-#   dflash and dspark in 0.33; p-eagle and dspark at K=1) vLLM charges the input budget
-#   exactly what it charges the token budget, so it can only bind when the token budget
-#   starts above it: ``max_num_scheduled_tokens > max_num_batched_tokens``, which vLLM's
-#   ``SchedulerConfig`` accepts (it checks only ``>= 1``). The ``budget`` aim draws that.
-# - preempt_scheduled: only under priority scheduling (FCFS's victim is the last running
-#   request, never one scheduled before the requester); the ``preempt`` aim draws
-#   priority, a tight KV pool and outranking late arrivals.
-# - padded_decode: every fuzzed layout has K >= 1, and vLLM pads a new one-token request
-#   joining decodes (``pad_spec_decode``) for every method (no ``dynamic_sd_lookup``here).
-# - bound_after_refund: a refund needs priority scheduling (as preempt_scheduled), and
-#   the grant it can change is one after the preempting request in the RUNNING loop (vLLM
-#   skips the WAITING loop in a step that preempted) that asks more than is left; the
-#   ``refund`` aim builds that order (arrivals each outranking those before, so that the
-#   victim runs first) and sizes the budget and the pool for it (``machine.refund_config``),
-#   the token budget binding in half its draws and the input budget in the other half;
-#   always the token budget, with B raised to admit the batch, where admission is capped
-#   by B (vLLM 0.33's DFlash and DSpark run at most B // num_lookahead_tokens requests).
-# - token_budget_bound: the token budget binds first only where it opens below the input
-#   budget (``max_num_scheduled_tokens < max_num_batched_tokens``; vLLM's default is
-#   equal), which the ``token`` aim always draws.
-# - async_in_flight, stale_output, in_flight_max_tokens_skip: under async scheduling, which
-#   every aim draws for every method that the profile's release lets run it
-#   (``spec.config.runs_async``); stale output needs a preemption of a request with a
-#   step in flight, and the skip a request whose in-flight output reaches max_tokens.
-#   Not the ngram rows under 0.32, which refuses async ngram under any model runner, nor
-#   ngram-parallel under 0.33 (its V1 runner refuses async ngram and its V2 runner
-#   parallel drafting); 0.33 runs plain ngram async under V2, as the live adapter builds it.
-# - natural_stop: every aim draws stop tokens among the outputs, sync and async.
-# - prefix_hit, hit_on_running_block, cached_block_evicted, resume_rehit: the ``prefix``
-#   aim runs with prefix caching (sync and async, as every aim draws them) and prompts
-#   that share prefixes (``prompts.PROMPT_KINDS``): a repeat or a later turn admitted
-#   while the earlier request runs hits the blocks it holds (vLLM caches a block when
-#   it allocates it, so the same step's admissions hit it too); its small pool hands
-#   cached free blocks out again and preempts requests that resume on their own cached
-#   blocks. Every other aim runs with prefix caching off.
-# - full_prefix_hit: half the prefix aim's prompts are cut to n * block_size + 1 tokens,
-#   the length whose hit vLLM caps at num_tokens - 1. Not under 0.32 for the drafters whose
-#   hits drop the last hit block (``prefix_cache.HitRule.drop_last_block``: eagle,
-#   p-eagle, dflash, dspark): their hit is at most num_tokens - 1 - block_size, never a
-#   full one.
-# A layout/event pair proven unreachable is left out here, with its reason.
-# Every row of the method table is fuzzed: vLLM builds each from config-only folders
-# (mtp, which needs an MTP target checkpoint, and suffix, which needs arctic-inference,
-# are not rows; see docs/vllm-environments.md).
-ASYNC_ONLY_EVENTS = ("async_in_flight", "stale_output", "in_flight_max_tokens_skip")
-EVENT_AIMS: dict[str, str] = {
-    "input_budget_bound": "budget",
-    "chunked_prefill": "mixed",
-    "preemption": "preempt",
-    "preempt_scheduled": "preempt",
-    "padded_decode": "padded",
-    "rejected_drafts": "mixed",
-    "max_model_len_cap": "edge",
-    "bound_after_refund": "refund",
-    "token_budget_bound": "token",
-    "async_in_flight": "mixed",
-    "stale_output": "preempt",
-    "in_flight_max_tokens_skip": "mixed",
-    "natural_stop": "mixed",
-    "prefix_hit": "prefix",
-    "full_prefix_hit": "prefix",
-    "cached_block_evicted": "prefix",
-    "hit_on_running_block": "prefix",
-    "resume_rehit": "prefix",
-}
-"""The aim that draws each coverage event (the reasons above): where a run's top-up
-rounds (``run_fuzz``) look again for an event a method left at zero."""
-
-
-def required_events(layout: str, release: str) -> tuple[str, ...]:
-    """The gate's events for ``layout`` under the release whose tables the profile reads."""
-    spec = SpeculativeConfig.for_layout(layout_named(layout), 1)
-    unreachable: set[str] = set()
-    if not runs_async(spec, release):
-        unreachable.update(ASYNC_ONLY_EVENTS)
-    if HitRule.of(release, spec.method).drop_last_block:
-        unreachable.add("full_prefix_hit")
-    return tuple(e for e in COVERAGE_EVENTS if e not in unreachable)
-
+from .aims import AIMS, machine_for
+from .coverage import EVENTS
+from .lockstep import Divergence, DivergenceFound
+from .outcome import FindingKey, FuzzResult, TimeUp, UnitRun, never_cancelled
 
 STATEFUL_STEP_COUNT = 80
 """Rules one example runs at most (Hypothesis' ``stateful_step_count``)."""
@@ -160,8 +54,8 @@ def unit_seed(seed: int, layout: str, aim: str, top_up_round: int = 0) -> int:
 
 def top_up_units(result: FuzzResult, layouts: Sequence[str]) -> list[tuple[str, str]]:
     """The (layout, aim) units to run again for the required events still at zero, in
-    unit order: each event's aim (``EVENT_AIMS``)."""
-    wanted = {(layout, EVENT_AIMS[event]) for layout, event in result.zero_events(layouts)}
+    unit order: each event's aim (``coverage.COVERAGE``)."""
+    wanted = {(layout, EVENTS[event].aim) for layout, event in result.zero_events(layouts)}
     return [(layout, aim) for layout in layouts for aim in AIMS if (layout, aim) in wanted]
 
 
@@ -197,63 +91,6 @@ def shares(examples: int, layouts: list[str]) -> list[tuple[str, str, int]]:
                 parts["mixed"] = rest
         units += [(layout, name, n) for name, n in parts.items() if n > 0]
     return units
-
-
-@dataclass
-class FuzzResult(Outcome):
-    profile: str
-    vllm_version: str
-    coverage: dict[str, dict[str, int]] = field(default_factory=dict)
-    constructions: dict[str, set[str]] = field(default_factory=dict)
-    examples_by_layout: dict[str, int] = field(default_factory=dict)
-    examples_by_unit: dict[str, int] = field(default_factory=dict)
-    warm_up_seconds: float = 0.0
-    """vLLM's one-off costs, before ``seconds`` starts."""
-
-    def totals(self) -> dict[str, int]:
-        return {
-            event: sum(per.get(event, 0) for per in self.coverage.values())
-            for event in COVERAGE_EVENTS
-        }
-
-    def required(self, layout: str) -> tuple[str, ...]:
-        """The gate's events for ``layout`` under this run's profile."""
-        return required_events(layout, profile_named(self.profile).policy.tables)
-
-    def zero_events(self, layouts: Sequence[str] | None = None) -> list[tuple[str, str]]:
-        """The (layout, event) pairs the gate requires that are still at zero."""
-        return [
-            (layout, event)
-            for layout in layouts or LAYOUT_NAMES
-            for event in self.required(layout)
-            if self.coverage.get(layout, {}).get(event, 0) == 0
-        ]
-
-    def zero_coverage(self, layouts: Sequence[str] | None = None) -> list[str]:
-        return [f"{layout}:{event}" for layout, event in self.zero_events(layouts)]
-
-    def merge(self, run: UnitRun) -> list[Finding]:
-        """Add one unit's counts; returns its findings not already found by an earlier
-        unit (one finding per (profile, layout, contract) in the whole run)."""
-        self.examples += run.examples
-        self.steps += run.steps
-        self.refused_configs += run.refused_configs
-        self.mirrored_crashes += run.mirrored_crashes
-        self.divergences += run.divergences
-        self.stopped_by_time |= run.stopped_by_time
-        if run.examples:
-            layout = run.layout
-            self.examples_by_layout[layout] = self.examples_by_layout.get(layout, 0) + run.examples
-            self.examples_by_unit[run.unit_name] = run.examples
-            self.constructions.setdefault(layout, set()).update(run.constructions)
-        if run.coverage is not None:
-            per = self.coverage.setdefault(run.layout, dict.fromkeys(COVERAGE_EVENTS, 0))
-            for event, count in run.coverage.items():
-                per[event] += count
-        seen = {f.key for f in self.findings}
-        new = [f for f in run.findings if f.key not in seen]
-        self.findings += new
-        return new
 
 
 @dataclass(frozen=True)
@@ -390,7 +227,7 @@ _worker_cancel: SynchronizedArray[int] | None = None
 def _init_worker(layouts: list[str], cancel: SynchronizedArray[int], ready: Semaphore) -> None:
     global _worker_cancel
     _worker_cancel = cancel
-    from .commands import quiet_vllm
+    from .live import quiet_vllm
 
     quiet_vllm()
     warm_up(layouts)
@@ -419,8 +256,7 @@ class FuzzWorkers:
     forkserver once (12 s of warm-up, 52 s in all; 64 s with one job, in process)."""
 
     def __init__(self, jobs: int, layouts: Sequence[str] = LAYOUT_NAMES) -> None:
-        from .commands import quiet_vllm
-        from .live import set_environment
+        from .live import quiet_vllm, set_environment
 
         set_environment()  # before the server's import of vLLM: it inherits the environment
         quiet_vllm()

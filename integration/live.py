@@ -41,6 +41,7 @@ import contextlib
 import functools
 import importlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -130,6 +131,12 @@ class LiveEventError(BadInput):
 def set_environment() -> None:
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+
+
+def quiet_vllm() -> None:
+    """vLLM logs config warnings for every scheduler it builds: keep its errors only."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def installed_vllm_version() -> str | None:

@@ -22,10 +22,11 @@ import shlex
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import EventDriver, drive
 from dualbudget.reference.events import Event, ScheduleStep, StepRecord
 from dualbudget.reference.scenario import (
@@ -35,7 +36,7 @@ from dualbudget.reference.scenario import (
     dump_scenario,
     validate,
 )
-from dualbudget.reference.scheduler import OBSERVED, Scheduler, UnmirroredVllmCrash
+from dualbudget.reference.scheduler import UnmirroredVllmCrash
 from dualbudget.reference.state import SchedulerState
 from dualbudget.reference.violations import StepViolation
 from dualbudget.spec.config import EngineConfig
@@ -43,31 +44,8 @@ from dualbudget.spec.errors import BadInput
 from dualbudget.spec.kernel import BudgetKernel
 from dualbudget.spec.profiles import profile_named
 
+from .coverage import EVENT_NAMES
 from .live import LiveScheduler, Unsupported
-
-COVERAGE_EVENTS = (
-    "input_budget_bound",
-    "chunked_prefill",
-    "preemption",
-    "preempt_scheduled",
-    "padded_decode",
-    "rejected_drafts",
-    "max_model_len_cap",
-    "bound_after_refund",
-    "token_budget_bound",
-    *OBSERVED,
-)
-"""The abstract events a run counts, per method (the issue's coverage list):
-a grant cut by the draft/input budget, a prefill chunk short of the prompt, a
-preemption, a preemption of a request already scheduled in the same step, a new decode
-padded to 1 + K, a step output rejecting drafts, a grant cut at max_model_len, a grant
-cut by a budget after a refund earlier in the same step (the only grants a refund that
-restores too much or too little changes), a grant cut by the token budget where it
-opens below the input budget (``max_num_scheduled_tokens < max_num_batched_tokens``:
-the only case where a token-budget bug shows); and the reference's own counts
-(``reference.scheduler.OBSERVED``): a step scheduled while an earlier one's output is
-outstanding, an output for a request preempted after its step was scheduled (stale), a
-running request skipped because its in-flight output reaches max_tokens, a natural stop."""
 
 
 class KernelCounters:
@@ -160,11 +138,6 @@ def replay_command(path: str | Path) -> str:
     return f"{shlex.quote(sys.executable)} -m dualbudget fuzz --replay {shlex.quote(str(path))}"
 
 
-@dataclass
-class StepCoverage:
-    events: dict[str, int] = field(default_factory=dict)
-
-
 class CallerDraws:
     """The driver's ``Draws`` from the callbacks of the step being run:
     ``accept(rid, real_drafts)``, ``propose(rid)`` and ``stop(rid, num_sampled)`` (the
@@ -219,7 +192,9 @@ class Lockstep:
         self.layout = (config.layout.name) if config.layout is not None else "none"
         self.draws = CallerDraws(self.k)
         self.driver = driver or EventDriver(profile, config, self.draws)
-        self.coverage: dict[str, int] = dict.fromkeys(COVERAGE_EVENTS, 0)
+        self.coverage: dict[str, int] = dict.fromkeys(EVENT_NAMES, 0)
+        """Per coverage event (``coverage.COVERAGE``), the times this run reached it: the
+        reference's own counters (``Scheduler.observed``) and those counted here."""
         self.violations: list[StepViolation] = []
         self.finished: set[str] = set()
         self.compared = 0
@@ -229,7 +204,7 @@ class Lockstep:
         ref_error = live_error = None
         try:
             validate(Scenario(profile, config, (RequestSpec("probe", 1, 1),), Acceptance()))
-            self.reference = Scheduler(config, profile_named(profile), check="collect")
+            self.reference = make_scheduler(config, profile_named(profile), check="collect")
         except BadInput as err:
             ref_error = str(err)
         try:

@@ -178,33 +178,43 @@ def decide(
     return errors + [f"{r.name}: {r.reason}" for r in results if r.status == "error"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MutateOptions:
-    """One ``dualbudget mutate`` run (``run_mutate_stage``); the command line fills it."""
+    """One ``dualbudget mutate`` run (``run_mutate_stage``); its defaults are the flags'."""
 
     known_findings: frozenset[tuple[str, str, str]]
-    """(profile, layout, contract) breaks that are findings, not failures."""
-    jobs: int = 1
+    """(profile, layout, contract) breaks that are findings, not failures; no flag: the
+    command line takes them from the proofs' manifest."""
+    jobs: int | None = None
+    """Worker processes of each mutant's fuzz; None: one per core. Any number gives the
+    same report."""
     operators: tuple[str, ...] = OPERATORS
+    """The operators whose sites become mutants (``mutation.operators.OPERATORS``)."""
     examples: int = DEFAULT_EXAMPLES
     seed: int = 1
     profile: str | None = None
     """None: detected from the installed vLLM."""
-    json: str | None = None
+    json_path: str | None = None
     out_dir: str = "mutants"
+    """Where the killers' scenarios go."""
 
 
 def run_mutate_stage(options: MutateOptions) -> int:
     """Every mutant fuzzed, the table, the JSON report; the exit code."""
-    from .commands import choose_profile, quiet_vllm, vllm_or_exit, write_json
+    from .commands import choose_profile, jobs_or_cores, vllm_or_exit, write_json
+    from .live import quiet_vllm
     from .mutation.loading import installed_vllm_source, sites
 
+    operators = options.operators
+    unknown = sorted(set(operators) - set(OPERATORS))
+    if unknown:  # bad input before any check of the installed vLLM
+        known = ", ".join(OPERATORS)
+        raise BadInput(f"--operators: unknown {', '.join(unknown)} (known: {known})")
     quiet_vllm()
     version = vllm_or_exit("mutate")
     if version is None:
         return 2
     profile, how = choose_profile(options.profile)
-    operators = options.operators
     source = installed_vllm_source()
     try:
         found = sites(source, operators)
@@ -219,7 +229,7 @@ def run_mutate_stage(options: MutateOptions) -> int:
     except ClaimRefuted as err:
         print(f"dualbudget mutate: error: an equivalence claim is false: {err}", file=sys.stderr)
         return 1
-    jobs = options.jobs
+    jobs = jobs_or_cores(options.jobs)
     plan = Plan(
         profile, options.examples, options.seed, Path(options.out_dir), options.known_findings
     )
@@ -246,7 +256,7 @@ def run_mutate_stage(options: MutateOptions) -> int:
     for error in errors:
         print(f"dualbudget mutate: error: {error}", file=sys.stderr)
     write_json(
-        options.json,
+        options.json_path,
         {
             "vllm_version": version,
             "profile": profile,

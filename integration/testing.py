@@ -1,13 +1,11 @@
-"""Test support for the live checks: vLLM missing is a failure under CI, a skip elsewhere."""
+"""Test support for the live checks: without vLLM a live test skips (and under ``CI=true``
+tests/conftest.py turns that skip into a failure)."""
 
 from __future__ import annotations
 
-import os
-
 
 def require_live_vllm() -> str:
-    """The installed vLLM's version; without vLLM, ``pytest.fail`` when ``CI=true`` (the
-    live suite must never be skipped in CI) and ``pytest.skip`` otherwise."""
+    """The installed vLLM's version; without vLLM, ``pytest.skip``."""
     import pytest
 
     from .live import installed_vllm_version
@@ -19,14 +17,12 @@ def require_live_vllm() -> str:
         "vLLM is not installed in this environment; build one with"
         " scripts/install-vllm.sh (docs/vllm-environments.md)"
     )
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true: {reason}", pytrace=False)
     pytest.skip(reason)
 
 
 def live_profile_name() -> str:
-    """The profile detected for the installed vLLM, with vLLM's logging quieted; fails or
-    skips as ``require_live_vllm`` does when vLLM is missing."""
+    """The profile detected for the installed vLLM, with vLLM's logging quieted; skips as
+    ``require_live_vllm`` does when vLLM is missing."""
     import logging
 
     from .detect import detect

@@ -1,59 +1,87 @@
-"""``dualbudget prove``: every obligation against the manifest; exit 0 only on a match."""
+"""``dualbudget prove``: every obligation against the manifest; exit 0 only on a match.
+
+The command line reads ``ProveOptions`` for its defaults when it builds its parser, for
+every command; so this module imports the proofs (the manifest, the obligations, the
+runner, the reach: z3) only inside its functions, and ``dualbudget schedule`` never loads
+z3.
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 from xml.etree import ElementTree
 
 from dualbudget.spec.errors import BadInput
 
-from .manifest import load_manifest
-from .obligations import catalog
-from .reach import REACH_BOX, Reach, minimal_witness, reach_rows
-from .runner import (
-    BOUNDS,
-    MutantOutcome,
-    Outcome,
-    mutant_json,
-    outcome_json,
-    run,
-    run_mutants,
-    run_reach,
-    select,
-    summary,
-    write_witnesses,
-)
+if TYPE_CHECKING:
+    from .reach import Reach
+    from .runner import MutantOutcome, Outcome
 
 DEFAULT_WITNESS_DIR = Path("out") / "witnesses"
 
 
-def prove(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class ProveOptions:
+    """One ``dualbudget prove`` run; the command line fills it from its flags, and
+    ``dualbudget check`` runs it with every default."""
+
+    profiles: tuple[str, ...] = ()
+    """Only these profiles' obligations; empty: every profile."""
+    layouts: tuple[str, ...] = ()
+    """Only these layouts' obligations; empty: every layout."""
+    contracts: tuple[str, ...] = ()
+    """Only these contract items' obligations; empty: every item."""
+    mutants: bool = False
+    """Also run the mutant suite (``proofs/mutants.py``): each must be killed."""
+    reach: bool = False
+    """Also the reach of each finding (``proofs/reach.py``)."""
+    json_path: str | None = None
+    junit_path: str | None = None
+    witness_dir: Path = DEFAULT_WITNESS_DIR
+    """Where the witness scenarios go (the reach's under ``reach/``)."""
+
+
+def prove(options: ProveOptions) -> int:
+    from .manifest import load_manifest
+    from .obligations import catalog
+    from .runner import (
+        BOUNDS,
+        mutant_json,
+        outcome_json,
+        run,
+        run_mutants,
+        run_reach,
+        select,
+        summary,
+        write_witnesses,
+    )
+
     started = time.perf_counter()
     out = sys.stdout
     manifest = load_manifest()
     problems = manifest.problems(ob.name for ob in catalog())
     if problems:
         raise BadInput("proofs/manifest.toml: " + "; ".join(problems[:5]))
-    obligations = select(args.profile, args.layout, args.only)
+    obligations = select(options.profiles, options.layouts, options.contracts)
     if not obligations:
         raise BadInput("no obligation matches --profile/--layout/--only")
     print(BOUNDS, file=out)
     outcomes = run(obligations, manifest)
-    write_witnesses(outcomes, Path(args.witness_dir or DEFAULT_WITNESS_DIR))
+    write_witnesses(outcomes, options.witness_dir)
     print_table(outcomes, out)
     print_findings(outcomes, out)
     reaches: list[Reach] | None = None
     reach_wall = 0.0
-    if getattr(args, "reach", False):
+    if options.reach:
         t0 = time.perf_counter()
         reaches = run_reach(obligations, manifest)
-        write_reach_scenarios(reaches, Path(args.witness_dir or DEFAULT_WITNESS_DIR) / "reach")
+        write_reach_scenarios(reaches, options.witness_dir / "reach")
         reach_wall = time.perf_counter() - t0
         print_reach(reaches, outcomes, out, reach_wall)
     wall = time.perf_counter() - started
@@ -62,7 +90,7 @@ def prove(args: argparse.Namespace) -> int:
         report["reach_wall_seconds"] = round(reach_wall, 3)
         report["reach_seconds"] = round(sum(r.seconds for r in reaches), 3)
     mutants: list[MutantOutcome] | None = None
-    if args.mutants:
+    if options.mutants:
         t0 = time.perf_counter()
         mutants = run_mutants(manifest)
         print_mutants(mutants, out)
@@ -73,7 +101,7 @@ def prove(args: argparse.Namespace) -> int:
         report["mutants"] = len(mutants)
         report["ok"] = report["ok"] and all(m.killed_by for m in mutants)
     print_summary(report, out)
-    if args.json:
+    if options.json_path:
         data: dict[str, object] = {
             "obligations": [outcome_json(o) for o in outcomes],
             "summary": report,
@@ -86,9 +114,9 @@ def prove(args: argparse.Namespace) -> int:
                 for m in mutants
             ]
             data["mutant_details"] = [mutant_json(m) for m in mutants]
-        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
-    if args.junit:
-        write_junit(outcomes, mutants, Path(args.junit))
+        Path(options.json_path).write_text(json.dumps(data, indent=2) + "\n")
+    if options.junit_path:
+        write_junit(outcomes, mutants, Path(options.junit_path))
     return 0 if report["ok"] else 1
 
 
@@ -137,6 +165,8 @@ def write_reach_scenarios(reaches: Sequence[Reach], directory: Path) -> None:
 def print_reach(
     reaches: Sequence[Reach], outcomes: Sequence[Outcome], out: TextIO, wall: float
 ) -> None:
+    from .reach import REACH_BOX, minimal_witness, reach_rows
+
     witnesses = {o.name: minimal_witness(o.table) for o in outcomes}
     print(f"\nreach of each finding (z3 over the spec in {REACH_BOX.text()}):", file=out)
     rows = reach_rows(reaches, witnesses)

@@ -109,7 +109,7 @@ def serve(subject: Subject, p: StepParams, lane: Lane, need: Num) -> tuple[Lane,
 class Relation:
     """Which strengthenings of the plain relation ``R_M`` are on. The proof uses them all
     (``Relation()``); ``tests/test_proofs_dominance.py`` switches each off to show which
-    pair needs it (the table in proofs/README.md)."""
+    pair needs it (the table of ``proofs/strengthenings.py``)."""
 
     count_nonnegative: bool = True
     """``track`` includes ``n >= 0``."""

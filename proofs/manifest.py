@@ -17,6 +17,8 @@ from pathlib import Path
 from dualbudget.spec.contract import CONTRACT_IDS
 from dualbudget.spec.errors import BadInput
 
+from .obligations import catalog
+
 MANIFEST = Path(__file__).with_name("manifest.toml")
 VERDICTS = ("holds", "fails")
 
@@ -63,26 +65,11 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
 def expected_findings() -> frozenset[tuple[str, str, str]]:
     """``(profile, layout, contract item)`` of every failure ``proofs/manifest.toml``
     expects: the known findings, the one list the fuzz and the tests read. The item is
-    the ``C1`` .. ``C6`` its check name starts with (an obligation of no contract item,
-    such as ``compiled``, is no finding about a policy)."""
-    found = set()
-    for name, verdict in load_manifest().entries.items():
-        profile, layout, check = name.split("/")
-        if verdict == "fails" and check[:2] in CONTRACT_IDS:
-            found.add((profile, layout, check[:2]))
-    return frozenset(found)
-
-
-def render(verdicts: Mapping[str, str], why: Mapping[str, str]) -> str:
-    """The manifest text for ``verdicts`` (used to regenerate it after a reviewed change)."""
-    lines = [
-        "# Expected verdict of every obligation of `dualbudget prove` (proofs/README.md).",
-        "# A verdict that differs fails the run. Each expected failure has one line of why",
-        "# in [why]: the finding about the policy, with its witness in `prove`'s output.",
-        "",
-        "[expected]",
-    ]
-    lines += [f'"{name}" = "{verdict}"' for name, verdict in verdicts.items()]
-    lines += ["", "[why]"]
-    lines += [f'"{name}" = "{why[name]}"' for name in verdicts if name in why]
-    return "\n".join(lines) + "\n"
+    the obligation's ``contract`` (an obligation of no contract item, such as
+    ``compiled``, is no finding about a policy)."""
+    manifest = load_manifest()
+    return frozenset(
+        (ob.profile, ob.layout, ob.contract)
+        for ob in catalog()
+        if manifest.expected(ob.name) == "fails" and ob.contract in CONTRACT_IDS
+    )

@@ -56,10 +56,6 @@ def charge_eq(a: Charge, b: Charge) -> Cond:
     return all_of(a.tokens == b.tokens, a.rows == b.rows)
 
 
-def ledger_eq(a: Ledger, b: Ledger) -> Cond:
-    return all_of(a.token_budget == b.token_budget, a.input_budget == b.input_budget)
-
-
 # -- the system under proof -----------------------------------------------------------
 
 

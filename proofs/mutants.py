@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from dualbudget.spec.arith import Cond, Num, any_of, floordiv, imax, imin, ite
 from dualbudget.spec.book import NO_CHARGE, StepBook
 from dualbudget.spec.policies import (
-    POLICIES,
     Additive,
     AdmissionRule,
     Charge,
@@ -22,9 +21,9 @@ from dualbudget.spec.policies import (
     GlobalReserve,
     Ledger,
     Policy,
-    StaticCap,
     StepParams,
 )
+from dualbudget.spec.profiles import PROFILES
 
 from .model import Subject
 
@@ -88,17 +87,17 @@ class RefundUnscheduledVictim(StepBook):
         return charge
 
 
-# -- vllm-0.33 (static cap) -------------------------------------------------------------
+# -- vllm-0.33 (additive with the own-pass cap) -----------------------------------------
 
 
-class StaticCapFromK(StaticCap):
+class StaticCapFromK(Additive):
     def max_active_requests(self, p: StepParams) -> Num:
         if not p.layout.drafts_in_own_pass:
             return p.max_num_seqs
         return imin(p.max_num_seqs, floordiv(p.max_num_batched_tokens, p.num_speculative_tokens))
 
 
-class StaticCapMissing(StaticCap):
+class StaticCapMissing(Additive):
     def max_active_requests(self, p: StepParams) -> Num:
         return p.max_num_seqs
 
@@ -182,12 +181,11 @@ class Mutant:
 
 
 def _policy(profile: str, cls: type[Policy]) -> Callable[[], Subject]:
-    return lambda: Subject(profile, cls())
+    return lambda: Subject(profile, cls(PROFILES[profile].release))
 
 
 def _book(profile: str, cls: type[StepBook]) -> Callable[[], Subject]:
-    policy_name = {"vllm-0.32": "additive", "vllm-0.33": "static-cap"}.get(profile, profile)
-    return lambda: Subject(profile, POLICIES[policy_name], cls)
+    return lambda: Subject(profile, PROFILES[profile].policy, cls)
 
 
 MUTANTS: tuple[Mutant, ...] = (

@@ -16,9 +16,8 @@ families (``check`` names; ``contract`` is the item a check belongs to):
   (``reach_queries``) is a refund that can happen.
 - ``C3``, ``C3-static-cap`` (``c3_queries``): ``buffer_peak_ok`` with the method's true
   draft rows; ``C3-reach-budget-bound`` a step the budget cuts short.
-- ``C4``, ``C4-no-stall``, ``C4-converse`` (``c4_queries``): ``empty_step_progress``, a
-  grant of ``1 .. need`` in every step not exhausted, and ``one_token_fits`` implying
-  acceptance.
+- ``C4``, ``C4-no-stall``, ``C4-converse`` (``c4_queries``): ``empty_step_progress``,
+  ``no_stall`` in every step not exhausted, and ``one_token_fits`` implying acceptance.
 - ``C5`` (``c5_queries``): ``one_more_token_fits`` is false of a request cut short.
 - ``C6-tokens-vs-X``, ``C6-requests-vs-X`` (``c6_queries``): ``dominates`` against the
   next profile ``X`` down the chain dual > vllm-0.33 > vllm-0.32 > global-reserve (an
@@ -38,11 +37,16 @@ import z3
 
 from dualbudget.spec.arith import floordiv
 from dualbudget.spec.compiled_book import TEMPLATES
-from dualbudget.spec.invariants import empty_step_progress, one_more_token_fits, one_token_fits
-from dualbudget.spec.kernel import PARAMS
+from dualbudget.spec.invariants import (
+    empty_step_progress,
+    no_stall,
+    one_more_token_fits,
+    one_token_fits,
+)
+from dualbudget.spec.kernel import PARAMS, template_key
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.policies import Charge, StepParams
-from dualbudget.spec.profiles import PROFILE_NAMES
+from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
 
 from .compile_book import COMPILED_LAYOUTS, REGENERATE, book_formulas, book_symbols
 from .dominance import (
@@ -103,16 +107,14 @@ class Obligation:
     check: str
     family: str
     """Obligations of one family share their queries (one job)."""
+    contract: str
+    """The contract item the check proves (``C1`` .. ``C6``, ``spec/contract.py``);
+    ``kernel`` for the ``compiled`` check, which is about the reference's compiled book,
+    not an item of the contract."""
     inductive: bool = True
     """Proven for any number of requests, not for queues up to a bound: C1/C2 and C6 by
     induction, C3-C5 from the inductive invariant. No obligation is bounded since C6's
     induction (proofs/dominance.py); a bounded one would say False here."""
-
-    @property
-    def contract(self) -> str:
-        """The contract item (``C1`` .. ``C6``); ``kernel`` for the ``compiled`` check,
-        which is about the reference's compiled book, not an item of the contract."""
-        return "kernel" if self.family == "compiled" else self.check[:2]
 
     @property
     def name(self) -> str:
@@ -142,30 +144,30 @@ def catalog() -> list[Obligation]:
     for profile in PROFILE_NAMES:
         for layout in LAYOUT_NAMES:
             out += [
-                Obligation(profile, layout, "C1", "inductive"),
-                Obligation(profile, layout, "C2", "inductive"),
-                Obligation(profile, layout, "C2-reach-refund", "reach"),
-                Obligation(profile, layout, "C3", "C3"),
-                Obligation(profile, layout, "C3-reach-budget-bound", "reach"),
+                Obligation(profile, layout, "C1", "inductive", "C1"),
+                Obligation(profile, layout, "C2", "inductive", "C2"),
+                Obligation(profile, layout, "C2-reach-refund", "reach", "C2"),
+                Obligation(profile, layout, "C3", "C3", "C3"),
+                Obligation(profile, layout, "C3-reach-budget-bound", "reach", "C3"),
             ]
-            if profile == "vllm-0.33" and layout in OWN_PASS_LAYOUTS:
-                out.append(Obligation(profile, layout, "C3-static-cap", "C3"))
+            if PROFILES[profile].policy.caps_own_pass_admission and layout in OWN_PASS_LAYOUTS:
+                out.append(Obligation(profile, layout, "C3-static-cap", "C3", "C3"))
             out += [
-                Obligation(profile, layout, "C4", "C4"),
-                Obligation(profile, layout, "C4-no-stall", "C4"),
-                Obligation(profile, layout, "C4-converse", "C4"),
-                Obligation(profile, layout, "C5", "C5"),
+                Obligation(profile, layout, "C4", "C4", "C4"),
+                Obligation(profile, layout, "C4-no-stall", "C4", "C4"),
+                Obligation(profile, layout, "C4-converse", "C4", "C4"),
+                Obligation(profile, layout, "C5", "C5", "C5"),
             ]
             lower = lower_of(profile)
             if lower is not None:
                 out += [
-                    Obligation(profile, layout, f"C6-tokens-vs-{lower}", "C6"),
-                    Obligation(profile, layout, f"C6-requests-vs-{lower}", "C6"),
+                    Obligation(profile, layout, f"C6-tokens-vs-{lower}", "C6", "C6"),
+                    Obligation(profile, layout, f"C6-requests-vs-{lower}", "C6", "C6"),
                 ]
     # The reference's compiled book, per policy and every layout it compiles ("none" too).
     for profile in PROFILE_NAMES:
         for layout in COMPILED_LAYOUT_NAMES:
-            out.append(Obligation(profile, layout, "compiled", "compiled"))
+            out.append(Obligation(profile, layout, "compiled", "compiled", "kernel"))
     return out
 
 
@@ -390,7 +392,7 @@ def c3_queries(subject: Subject, layout_name: str) -> list[Query]:
             shown,
         )
     )
-    if subject.profile == "vllm-0.33" and layout_name in OWN_PASS_LAYOUTS:
+    if policy.caps_own_pass_admission and layout_name in OWN_PASS_LAYOUTS:
         n, t = z3.Ints("n T")
         cap = floordiv(p.max_num_batched_tokens, policy.num_lookahead_tokens(p))
         draft = affine_sum(p.draft_rows, n, t)
@@ -432,12 +434,11 @@ def c4_queries(subject: Subject, layout_name: str) -> list[Query]:
         st.count() < policy.max_active_requests(p),
         as_bool(neg(bk.exhausted())),
     ]
-    granted = bk.grant(need)
     out.append(
         Query(
             "not exhausted implies 1 <= grant <= need",
             prem,
-            {"C4-no-stall": z3.And(granted >= 1, granted <= need)},
+            {"C4-no-stall": as_bool(no_stall(bk, need))},
             {"n": st.n, "T": st.t, "need": need},
         )
     )
@@ -568,7 +569,7 @@ def compiled_queries(subject: Subject, layout_name: str) -> list[Query]:
     premises = cfg.engine()
     shown = dict(symbols.arguments)
     spec = book_formulas(subject.policy, layout, symbols, subject.book)
-    template = TEMPLATES.get((subject.policy.name, layout_name))
+    template = TEMPLATES.get(template_key(subject.policy, layout))
     try:
         if template is None:
             raise UnreadableSource(f"no stored template: run {REGENERATE}")

@@ -96,6 +96,8 @@ class Reach:
     profile: str
     layout: str
     check: str
+    contract: str
+    """The obligation's contract item (``C3``, ``C4``, ``C5``, ``C6``)."""
     per_k: list[KRegion] = field(default_factory=list)
     decodes: bool | None = None
     """A failing state whose scheduled requests are all steady-state decodes exists (True),
@@ -531,7 +533,7 @@ def reach_of(ob: Obligation, subjects: Mapping[str, Subject]) -> Reach:
     started = time.perf_counter()
     subject = subjects[ob.profile]
     formulas = failing_formulas(ob, subjects)
-    out = Reach(ob.name, ob.profile, ob.layout, ob.check)
+    out = Reach(ob.name, ob.profile, ob.layout, ob.check, ob.contract)
     for k in range(REACH_BOX.k[0], REACH_BOX.k[1] + 1):
         out.per_k.append(region_at(ob, subject, formulas, k))
     ks = out.ks

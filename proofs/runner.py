@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,19 +71,19 @@ def subjects_for(mutant: str | None) -> dict[str, Subject]:
     return subjects
 
 
-Job = tuple[str, str, str, str | None, tuple[str, ...], bool]
-"""(family, profile, layout, mutant, checks, want witnesses)"""
+Job = tuple[str, str, str, str | None, tuple[Obligation, ...], bool]
+"""(family, profile, layout, mutant, the family's obligations to decide, want witnesses)"""
 
 
 def _run_job(job: Job) -> list[dict[str, Any]]:
-    family, profile, layout, mutant, checks, witnesses = job
+    family, profile, layout, mutant, obligations, witnesses = job
     subjects = subjects_for(mutant)
     results = decide(family_queries(family, subjects, profile, layout))
     out = []
-    for check in checks:
-        r = results[check]
+    for ob in obligations:
+        r = results[ob.check]
         row: dict[str, Any] = {
-            "check": check,
+            "check": ob.check,
             "verdict": r.verdict,
             "nonvacuous": r.nonvacuous,
             "seconds": r.seconds,
@@ -94,7 +94,6 @@ def _run_job(job: Job) -> list[dict[str, Any]]:
         }
         if witnesses and r.verdict == "fails":
             t0 = time.perf_counter()
-            ob = Obligation(profile, layout, check, family)
             w = find_witness(ob, subjects)
             if w is not None:
                 row["table"] = w.table()
@@ -126,9 +125,9 @@ def select(
 
 
 def _jobs(obligations: Iterable[Obligation], mutant: str | None, witnesses: bool) -> list[Job]:
-    grouped: dict[tuple[str, str, str], list[str]] = {}
+    grouped: dict[tuple[str, str, str], list[Obligation]] = {}
     for ob in obligations:
-        grouped.setdefault((ob.family, ob.profile, ob.layout), []).append(ob.check)
+        grouped.setdefault((ob.family, ob.profile, ob.layout), []).append(ob)
     # Slowest families first, so the pool's tail is short.
     order = {"C6": 0, "inductive": 1, "C3": 2, "C5": 3, "C4": 4, "reach": 5, "compiled": 6}
     keys = sorted(grouped, key=lambda key: order.get(key[0], 9))
@@ -290,7 +289,3 @@ def write_witnesses(outcomes: Sequence[Outcome], directory: Path) -> None:
             path = directory / (o.name.replace("/", "__") + ".json")
             path.write_text(json.dumps(o.scenario, indent=2) + "\n")
             o.witness = str(path)
-
-
-def manifest_rows(outcomes: Sequence[Outcome]) -> Mapping[str, str]:
-    return {o.name: o.verdict for o in outcomes}

@@ -7,18 +7,32 @@ after the record of that step); bad input raises BadInput (the CLI's exit 2).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 from .driver import ScenarioRun
 from .scenario import load_scenario
 from .scheduler import UnmirroredVllmCrash
 
 
-def schedule(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario)
-    run = ScenarioRun(scenario, profile=args.profile, max_steps=args.max_steps, check="collect")
+@dataclass(frozen=True, kw_only=True)
+class ScheduleOptions:
+    """One ``dualbudget schedule`` run; the command line fills it from its flags."""
+
+    scenario: str
+    """The scenario JSON file."""
+    profile: str | None = None
+    """None: the scenario's own profile."""
+    max_steps: int | None = None
+    """None: run until every request has finished."""
+
+
+def schedule(options: ScheduleOptions) -> int:
+    scenario = load_scenario(options.scenario)
+    run = ScenarioRun(
+        scenario, profile=options.profile, max_steps=options.max_steps, check="collect"
+    )
     violations = run.scheduler.violations
     try:
         for record in run.records():

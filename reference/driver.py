@@ -42,9 +42,9 @@ from typing import Protocol, runtime_checkable
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.profiles import profile_named
 
+from .async_scheduler import make_scheduler
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, ScheduleStep, StepRecord
 from .scenario import Acceptance, Drafts, RequestSpec, Scenario
-from .scheduler import Scheduler
 from .state import SchedulerState
 from .token_ids import sampled_token_ids, unique_prompt
 from .violations import CheckMode
@@ -448,7 +448,7 @@ class ScenarioRun:
         if profile is not None and profile != scenario.profile:
             scenario = scenario.with_profile(profile)
         self.scenario = scenario
-        self.scheduler = Scheduler(
+        self.scheduler = make_scheduler(
             scenario.config,
             profile_named(scenario.profile),
             check=check,
@@ -465,14 +465,3 @@ class ScenarioRun:
 
     def records(self) -> Iterator[StepRecord]:
         return (step.record for step in self.steps())
-
-
-def run_scenario(
-    scenario: Scenario,
-    profile: str | None = None,
-    max_steps: int | None = None,
-    *,
-    check: CheckMode = "raise",
-) -> Iterator[StepRecord]:
-    """The step records of the reference on ``scenario`` (``profile`` overrides its own)."""
-    return ScenarioRun(scenario, profile=profile, max_steps=max_steps, check=check).records()

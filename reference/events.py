@@ -14,6 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dualbudget.spec.errors import BadInput
+
+
+class InvalidEvent(BadInput):
+    """An event the scheduler cannot take (a duplicate id, more tokens sampled than
+    scheduled, ...): the event stream, not the scheduler, is wrong."""
+
 
 @dataclass(frozen=True, slots=True)
 class AddRequest:

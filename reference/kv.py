@@ -14,15 +14,23 @@ takes only the blocks of its first chunk.
 
 One interface, two managers: ``KVCacheManager`` counts blocks (prefix caching off: no
 block has an identity worth keeping), ``PrefixCachingKVCacheManager`` keeps the
-state's ``BlockPool`` (docs/design.md §6); the count decides for both.
+state's ``BlockPool`` (docs/design.md §6); the count decides for both. The scheduler asks
+a manager about every block a request holds, finds or caches, and hands it what a
+request's blocks are made of (its token ids or block hashes) as they come: it never
+looks at prefix caching itself, so another kind of KV group is another manager.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from .prefix_cache import BlockPool, HitRule
-from .state import RequestState, SchedulerState
+from dualbudget.spec.config import EngineConfig
+from dualbudget.spec.releases import Release
+
+from .events import AddRequest, InvalidEvent, ModelOutput
+from .prefix_cache import BlockPool, HitRule, hash_blocks
+from .state import FINISHED, RequestState, SchedulerState
 
 NO_HIT: tuple[int, ...] = ()
 """The blocks of no cache hit."""
@@ -45,6 +53,19 @@ class KVCacheManager:
     block_size: int
     max_model_len: int
     num_lookahead_tokens: int
+
+    enable_caching: ClassVar[bool] = False
+    """vLLM's ``KVCacheManager.enable_caching``: whether blocks are known by their hashes,
+    so that requests carry what those are made of and outputs extend it."""
+
+    def add_request(self, request: RequestState, event: AddRequest) -> None:
+        """A new request's blocks-to-be: nothing to know without caching."""
+
+    def check_output(self, state: SchedulerState, event: ModelOutput) -> None:
+        """Refuse a model output that lacks what the manager needs of it: nothing here."""
+
+    def append_output(self, request: RequestState, event: ModelOutput, appended: int) -> None:
+        """``Request.append_output_token_ids``' share of the blocks: nothing here."""
 
     def get_computed_blocks(
         self, state: SchedulerState, request: RequestState
@@ -123,6 +144,86 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     observed: dict[str, int]
     """The scheduler's ``observed``: the pool's events are counted there."""
 
+    enable_caching: ClassVar[bool] = True
+
+    def add_request(self, request: RequestState, event: AddRequest) -> None:
+        """A request carries what its block hashes are made of: its prompt's ids
+        (hashed here), or (a recorded trace) the hashes themselves."""
+        rid, ids, hashes = event.request_id, event.prompt_token_ids, event.block_hashes
+        if (ids is None) == (hashes is None):
+            raise InvalidEvent(
+                f"request {rid!r}: with enable_prefix_caching it must carry exactly one of"
+                " prompt_token_ids and block_hashes"
+            )
+        if ids is not None:
+            if len(ids) != event.prompt_len:
+                raise InvalidEvent(
+                    f"request {rid!r}: {len(ids)} prompt_token_ids for prompt_len"
+                    f" {event.prompt_len}"
+                )
+            request.token_ids = list(ids)
+            request.block_hashes = hash_blocks(
+                None, ids, self.block_size, lookahead=self.rule.num_hash_lookahead_tokens
+            )
+        else:
+            assert hashes is not None
+            self._check_num_hashes(rid, len(hashes), event.prompt_len)
+            request.block_hashes = list(hashes)
+
+    def _check_num_hashes(self, rid: str, num_hashes: int, num_tokens: int) -> None:
+        """A request's vLLM block hashes are one per full block of its tokens (with
+        lookahead hashes: of its tokens but the last ``num_hash_lookahead_tokens``)."""
+        expected = self.rule.num_hashes(num_tokens, self.block_size)
+        if num_hashes != expected:
+            raise InvalidEvent(
+                f"request {rid!r}: {num_hashes} block hashes for {num_tokens} tokens;"
+                f" block_size {self.block_size} makes {expected}"
+            )
+
+    def check_output(self, state: SchedulerState, event: ModelOutput) -> None:
+        """Every request that sampled reports what it sampled in the form it was added
+        with: ids, or the block hashes it gained."""
+        requests, sampled = state.requests, event.num_sampled
+        for rid in (*event.token_ids, *event.block_hashes):
+            if not sampled.get(rid, 0):
+                raise InvalidEvent(
+                    f"model output carries token ids or hashes for {rid!r}, which sampled none"
+                )
+        for rid, num_sampled in sampled.items():
+            if not num_sampled or requests[rid].status in FINISHED:
+                continue  # a finished request's output is dropped
+            if requests[rid].token_ids is not None:
+                ids = event.token_ids.get(rid)
+                if ids is None or len(ids) != num_sampled:
+                    raise InvalidEvent(
+                        f"request {rid!r} sampled {num_sampled} tokens; its model output"
+                        f" must carry as many token_ids, got {None if ids is None else len(ids)}"
+                    )
+            elif rid not in event.block_hashes:
+                raise InvalidEvent(
+                    f"request {rid!r} sampled {num_sampled} tokens; its model output must"
+                    " carry the block_hashes it gained"
+                )
+
+    def append_output(self, request: RequestState, event: ModelOutput, appended: int) -> None:
+        """The hashes of the full blocks the appended tokens complete (from their ids, or
+        as the event reports them)."""
+        hashes, rid = request.block_hashes, request.request_id
+        assert hashes is not None
+        ids = request.token_ids
+        if ids is not None:
+            ids.extend(event.token_ids[rid][:appended])
+            hashes += hash_blocks(
+                hashes[-1] if hashes else None,
+                ids,
+                self.block_size,
+                start=len(hashes) * self.block_size,
+                lookahead=self.rule.num_hash_lookahead_tokens,
+            )
+        else:
+            hashes += event.block_hashes.get(rid, ())
+            self._check_num_hashes(rid, len(hashes), request.num_tokens)
+
     @staticmethod
     def pool(state: SchedulerState) -> BlockPool:
         pool = state.block_pool
@@ -195,7 +296,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
         """``cache_blocks``: the full blocks of the first ``num_tokens`` tokens get the
-        request's hashes (as far as it has them: 0.33's lookahead hashes lag a token)."""
+        request's hashes (as far as it has them: lookahead hashes lag a token)."""
         hashes = request.block_hashes or ()
         num_full = min(num_tokens // self.block_size, len(hashes))
         if num_full > request.num_cached_blocks:
@@ -215,16 +316,25 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         state.free_blocks = pool.num_free_blocks
 
 
+def initial_state(config: EngineConfig) -> SchedulerState:
+    """An empty scheduler state for ``config``: every block free, and with prefix caching
+    the pool that knows them by id."""
+    pool = BlockPool.create(config.num_gpu_blocks) if config.enable_prefix_caching else None
+    return SchedulerState(free_blocks=usable_blocks(config.num_gpu_blocks), block_pool=pool)
+
+
 def manager_for(
-    block_size: int,
-    max_model_len: int,
+    config: EngineConfig,
+    release: Release,
     num_lookahead_tokens: int,
-    rule: HitRule | None,
     observed: dict[str, int],
 ) -> KVCacheManager:
-    """The manager of a config: with a hit rule (prefix caching on) the caching one."""
-    if rule is None:
-        return KVCacheManager(block_size, max_model_len, num_lookahead_tokens)
+    """The manager of a config on ``release``: with prefix caching the caching one, with
+    the release's hit rule for the config's drafter."""
+    if not config.enable_prefix_caching:
+        return KVCacheManager(config.block_size, config.max_model_len, num_lookahead_tokens)
+    spec = config.speculative_config
+    rule = HitRule.of(release, spec.method if spec is not None else None)
     return PrefixCachingKVCacheManager(
-        block_size, max_model_len, num_lookahead_tokens, rule, observed
+        config.block_size, config.max_model_len, num_lookahead_tokens, rule, observed
     )

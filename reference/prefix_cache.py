@@ -3,7 +3,8 @@
 A full block is known by its hash, chained over every block before it
 (``hash_blocks``); the pool keeps each block's id, reference count and hash, the
 hash -> block map and the free queue whose head is evicted first; ``HitRule`` is how
-long a hit may be per release and drafter (docs/design.md §6).
+long a hit may be, per release (its record's hit-rule fields) and drafter
+(docs/design.md §6).
 """
 
 from __future__ import annotations
@@ -13,19 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-BLOCK_DROP_METHODS: dict[str, tuple[str, ...]] = {
-    "0.32": ("eagle", "eagle3", "mtp", "dflash", "dspark"),
-    "0.33": (),
-}
-"""Per release, the drafters whose hits drop the last hit block (vLLM's
-``use_eagle_block_drop``: 0.32 for every drafter reading target hidden states)."""
-HASH_LOOKAHEAD_METHODS: dict[str, tuple[str, ...]] = {
-    "0.32": (),
-    "0.33": ("eagle", "eagle3", "mtp"),
-}
-"""Per release, the drafters whose block hashes cover one token past the block instead
-(0.33's ``num_hash_lookahead_tokens``: the EAGLE-style drafters, whose draft KV at a
-position reads the next token; single-module MTP reads one)."""
+from dualbudget.spec.releases import Release
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +22,14 @@ class HitRule:
     """How vLLM bounds a request's cache hit (``KVCacheManager.get_computed_blocks``)."""
 
     drop_last_block: bool = False
-    """``use_eagle_block_drop``: the last hit block is recomputed (0.32's drafters)."""
+    """``use_eagle_block_drop``: the last hit block is recomputed."""
     num_hash_lookahead_tokens: int = 0
     """Tokens past each block its hash covers; the hash exists only once they do."""
 
     @classmethod
-    def of(cls, release: str, method: str | None) -> HitRule:
-        if method is None:
-            return cls()
-        return cls(
-            method in BLOCK_DROP_METHODS.get(release, ()),
-            1 if method in HASH_LOOKAHEAD_METHODS.get(release, ()) else 0,
-        )
+    def of(cls, release: Release, method: str | None) -> HitRule:
+        """The rule of ``method``'s drafter (None: speculative decoding off) in ``release``."""
+        return cls(release.drops_last_hit_block(method), release.num_hash_lookahead_tokens(method))
 
     def num_hashes(self, num_tokens: int, block_size: int) -> int:
         """How many block hashes a request of ``num_tokens`` tokens has."""
@@ -62,7 +47,7 @@ def hash_blocks(
     """The hashes of the full blocks of ``token_ids`` from token ``start`` (a block
     boundary, past the blocks already hashed; ``parent`` the last of their hashes).
 
-    With ``lookahead`` L > 0 (vLLM 0.33's ``num_hash_lookahead_tokens``) a block's hash
+    With ``lookahead`` L > 0 (vLLM's ``num_hash_lookahead_tokens``) a block's hash
     also covers the L tokens after it, and is made only once they exist. Any chain that
     is injective in practice will do: only the equality of two hashes matters."""
     hashes: list[str] = []

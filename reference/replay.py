@@ -1,9 +1,9 @@
 """Trace validation: feed a recorded trace's outside events to the reference and check
 that every decision the real scheduler made is the one the reference makes.
 
-The profile comes from the trace's vLLM version (``0.32.x`` -> ``vllm-0.32``, ``0.33.x``
--> ``vllm-0.33``) unless the caller names one. A replay that checked no step is a
-failure, never a pass. A trace holding a setting the reference does not replay
+The profile comes from the trace's vLLM version (``spec.releases.release_of``: the
+profile of the release that recorded it) unless the caller names one. A replay that
+checked no step is a failure, never a pass. A trace holding a setting the reference does not replay
 (``reference/settings.py``: a user ``max_num_active_seqs``, a KV watermark, ...) is
 refused naming it, and so is a version-1 trace recorded under async scheduling, whose
 model outputs do not say which step they answer, and a trace recorded with prefix caching
@@ -13,7 +13,6 @@ writes one summary per trace (docs/traces.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
@@ -21,23 +20,25 @@ from pathlib import Path
 from typing import Any
 
 from dualbudget.spec.errors import BadInput
-from dualbudget.spec.profiles import KNOWN_RELEASES, Profile, profile_named
+from dualbudget.spec.profiles import Profile, profile_named, release_profile
+from dualbudget.spec.releases import RELEASE_VERSIONS, release_of
 
+from .async_scheduler import make_scheduler
 from .events import ScheduleStep, StepRecord
-from .scheduler import Scheduler
 from .settings import first_unreplayed
 from .trace import HASHES_FROM, VERSION, Trace, TraceError, read_trace
 from .violations import StepViolation
 
 
 def profile_for_vllm_version(version: str) -> Profile:
-    release = ".".join(version.split(".")[:2])
-    if release not in KNOWN_RELEASES:
+    """The profile of the release that recorded a trace (``0.33.1`` -> ``vllm-0.33``)."""
+    release = release_of(version)
+    if release is None:
         raise BadInput(
-            f"no profile for vLLM {version!r} (known releases: {', '.join(KNOWN_RELEASES)});"
+            f"no profile for vLLM {version!r} (known releases: {', '.join(RELEASE_VERSIONS)});"
             " name one with --profile"
         )
-    return profile_named(KNOWN_RELEASES[release])
+    return release_profile(release)
 
 
 @dataclass
@@ -120,7 +121,7 @@ def check_replayable(trace: Trace, profile: Profile) -> None:
 def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
     chosen = profile or profile_for_vllm_version(trace.header.vllm_version)
     check_replayable(trace, chosen)
-    scheduler = Scheduler(trace.header.config, chosen, check="collect")
+    scheduler = make_scheduler(trace.header.config, chosen, check="collect")
     result = ReplayResult(
         trace.path,
         chosen.name,
@@ -143,11 +144,23 @@ def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
     return result
 
 
-def replay(args: argparse.Namespace) -> int:
-    profile = profile_named(args.profile) if args.profile else None
+@dataclass(frozen=True, kw_only=True)
+class ReplayOptions:
+    """One ``dualbudget replay`` run; the command line fills it from its flags."""
+
+    traces: tuple[str, ...]
+    """The trace files, replayed in this order."""
+    profile: str | None = None
+    """None: each trace's own, from its vLLM version (``profile_for_vllm_version``)."""
+    json_path: str | None = None
+    """Where one summary per trace goes (docs/traces.md); None: nowhere."""
+
+
+def replay(options: ReplayOptions) -> int:
+    profile = profile_named(options.profile) if options.profile else None
     failed = False
     results: list[ReplayResult] = []
-    for path in args.traces:
+    for path in options.traces:
         result = replay_trace(read_trace(path), profile)
         results.append(result)
         if result.divergence is not None:
@@ -172,7 +185,7 @@ def replay(args: argparse.Namespace) -> int:
                 f" (profile {result.profile})"
             )
     sys.stdout.flush()
-    if getattr(args, "json", None):
+    if options.json_path:
         document = {"traces": [result.to_json() for result in results]}
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+        Path(options.json_path).write_text(json.dumps(document, indent=2) + "\n")
     return 1 if failed else 0

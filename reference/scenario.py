@@ -1,33 +1,38 @@
-"""The Scenario format (``dualbudget-scenario``, version 1): load, validate, write.
+"""The Scenario format (``dualbudget-scenario``, version 1): its schema, load, validate, write.
 
 A scenario is what ``dualbudget schedule`` runs, what proofs write as witnesses and what
-the fuzzer writes on a divergence. See docs/reference.md for the format; its keys and its
-writer live in ``spec/scenario_format.py`` (the proofs write witnesses with it too). Every
-key is checked: an unknown key is an error (a typo must not become a silent default), and
-every error names the field it is about.
+the fuzzer writes on a divergence. Its schema (``ScenarioJson`` and the models below it)
+is the one home of the keys a scenario may hold, their defaults and what they mean
+(docs/design.md §4.1 renders its tables from it); its writer lives in
+``spec/scenario_format.py``, since the proofs write witnesses with it too. An unknown key
+is an error (a typo must not become a silent default), and every error names the field it
+is about.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig, check_engine_config
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import UnknownProfile, profile_named
 from dualbudget.spec.scenario_format import (
-    ACCEPTANCE_KINDS,
     FORMAT,
-    REQUEST_OPTIONAL,
-    REQUEST_REQUIRED,
-    SCENARIO_OPTIONAL,
-    SCENARIO_REQUIRED,
-    SPECULATIVE_OPTIONAL,
-    SPECULATIVE_REQUIRED,
     VERSION,
     acceptance_json,
     drafts_json,
@@ -35,12 +40,11 @@ from dualbudget.spec.scenario_format import (
     scenario_json,
 )
 
-# Re-exported: the trace header and the simulator read and write the config alone.
-from dualbudget.spec.scenario_format import CONFIG_INTS as CONFIG_INTS
-from dualbudget.spec.scenario_format import CONFIG_OPTIONAL as CONFIG_OPTIONAL
+# Re-exported: the trace header and the simulator write the config alone.
 from dualbudget.spec.scenario_format import config_to_json as config_to_json
 
 from .kv import cdiv, usable_blocks
+from .schemas import FieldError, Schema, dataclass_default, first_error, schemas_markdown
 
 
 class ScenarioError(BadInput):
@@ -110,6 +114,287 @@ class Scenario:
         return scenario_to_json(self)
 
 
+# -- the schema --------------------------------------------------------------------------
+_engine = partial(dataclass_default, EngineConfig)
+_speculative = partial(dataclass_default, SpeculativeConfig)
+_request = partial(dataclass_default, RequestSpec)
+
+
+def _step_key(value: str) -> str:
+    if not value.isdigit():
+        raise ValueError("step keys must be non-negative integers")
+    return value
+
+
+def _id_from_int(value: object) -> object:
+    # A request id written as a JSON integer is read as its decimal string (never a bool).
+    return str(value) if type(value) is int else value
+
+
+StepKey = Annotated[str, AfterValidator(_step_key)]
+RequestId = Annotated[str, BeforeValidator(_id_from_int)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+StepTable = dict[StepKey, dict[str, Annotated[int, Field(ge=0)]]]
+"""``{"<step>": {"<id>": n}}``."""
+
+
+def _table(table: StepTable) -> dict[int, dict[str, int]]:
+    return {int(step): dict(row) for step, row in table.items()}
+
+
+class SpeculativeJson(Schema):
+    """``config.speculative_config``: vLLM's speculative config, reduced to what decides
+    budgets; absent, no speculative decoding."""
+
+    method: str = Field(description="vLLM's drafter, a method of the method table (§1.2)")
+    num_speculative_tokens: int = Field(description="`K`, `>= 1`")
+    parallel_drafting: bool = Field(
+        default=_speculative("parallel_drafting"),
+        description="P-EAGLE's one-pass drafting; vLLM forces it on for DFlash and DSpark",
+    )
+    dspark_layout: str | None = Field(
+        default=_speculative("dspark_layout"),
+        description="for `dspark`: `anchor` (vLLM's default, `sample_from_anchor: true`)"
+        " or `fill-in`",
+    )
+
+    def speculative_config(self) -> SpeculativeConfig:
+        return SpeculativeConfig(**dict(self))
+
+
+class ConfigJson(Schema):
+    """``config``: the engine config, in vLLM's names and with vLLM's defaults
+    (``spec/config.py`` ``EngineConfig``). Signs and ranges are vLLM's own checks
+    (``check_engine_config``), made once the whole scenario is read."""
+
+    max_num_batched_tokens: int = Field(description="`B`, the model runner's input buffer rows")
+    max_num_seqs: int = Field(description="the most requests running at once")
+    max_model_len: int = Field(description="the longest a request's tokens may grow")
+    block_size: int = Field(description="tokens per KV block")
+    num_gpu_blocks: int = Field(description="the KV pool's blocks, vLLM's null block included")
+    enable_chunked_prefill: bool = Field(
+        default=_engine("enable_chunked_prefill"), description="a prompt may be split across steps"
+    )
+    long_prefill_token_threshold: int = Field(
+        default=_engine("long_prefill_token_threshold"),
+        description="caps a prefill chunk once the prompt is longer (`0`: off)",
+    )
+    scheduling_policy: str = Field(
+        default=_engine("scheduling_policy"), description="`fcfs` or `priority`"
+    )
+    max_num_scheduled_tokens: int | None = Field(
+        default=_engine("max_num_scheduled_tokens"),
+        description="the step's token cap; absent, `max_num_batched_tokens`",
+    )
+    speculative_config: SpeculativeJson | None = Field(
+        default=_engine("speculative_config"), description="the drafter (below)"
+    )
+    async_scheduling: bool = Field(
+        default=_engine("async_scheduling"),
+        description="vLLM's `AsyncScheduler`: step n+1 is scheduled before step n's output"
+        " is back; written only when `true`",
+    )
+    enable_prefix_caching: bool = Field(
+        default=_engine("enable_prefix_caching"),
+        description="vLLM's prefix caching (§6; vLLM's own default is on); written only when"
+        " `true`",
+    )
+
+    def engine_config(self) -> EngineConfig:
+        fields = dict(self)
+        spec = self.speculative_config
+        fields["speculative_config"] = None if spec is None else spec.speculative_config()
+        return EngineConfig(**fields)
+
+
+class RequestJson(Schema):
+    """``requests[i]``: one request. The ids it samples are not in the file: they follow
+    from its id (``reference/token_ids.py``)."""
+
+    id: RequestId = Field(description="a string (an integer is read as its decimal string), unique")
+    prompt_len: int = Field(ge=1, description="`>= 1` and `< max_model_len`")
+    max_tokens: int = Field(ge=1, description="`>= 1`")
+    arrival_step: int = Field(
+        default=_request("arrival_step"), ge=0, description="added before that step's schedule"
+    )
+    priority: int = Field(
+        default=_request("priority"),
+        description="lower is served first under `priority` scheduling",
+    )
+    abort_step: int | None = Field(
+        default=_request("abort_step"),
+        ge=0,
+        description="aborted before that step's schedule; at least its `arrival_step`",
+    )
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=_request("prompt_token_ids"),
+        description="the prompt's ids, `prompt_len` integers `>= 0`, read only by the prefix"
+        " cache; with `enable_prefix_caching` on, a request without them gets ids of its"
+        " own, shared with no other request",
+    )
+
+    @model_validator(mode="after")
+    def _ids_fit_the_prompt(self) -> Self:
+        ids = self.prompt_token_ids
+        if ids is not None and len(ids) != self.prompt_len:
+            raise FieldError(
+                "prompt_token_ids", f"has {len(ids)} ids, but prompt_len is {self.prompt_len}"
+            )
+        return self
+
+    def request(self) -> RequestSpec:
+        ids = self.prompt_token_ids
+        return RequestSpec(
+            **{**dict(self), "prompt_token_ids": None if ids is None else tuple(ids)}
+        )
+
+
+class AcceptanceJson(Schema):
+    """``acceptance``: exactly one of ``fixed``, ``per_position`` (with ``seed``) and
+    ``explicit``. Only real drafts are accepted, never the placeholders a padded decode
+    verifies."""
+
+    fixed: int | None = Field(
+        default=None, ge=0, description="`N`: a request accepts `min(N, drafts)`"
+    )
+    per_position: list[Probability] | None = Field(
+        default=None,
+        min_length=1,
+        description="`[p_1, ...]`: an accepted prefix, position `j` accepted with probability"
+        " `p_j` once `j - 1` was, `0` past the list",
+    )
+    seed: int | None = Field(
+        default=None,
+        description="with `per_position`: the draws come from a generator seeded by it, the"
+        " step and the request id, so they do not depend on iteration order",
+    )
+    explicit: StepTable | None = Field(
+        default=None,
+        description='`{"<step>": {"<id>": n}}`: `min(n, drafts)`, absent entries `0`',
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        kinds = [self.fixed, self.per_position, self.explicit]
+        if sum(kind is not None for kind in kinds) != 1:
+            raise ValueError("must have exactly one of 'fixed', 'per_position', 'explicit'")
+        if self.per_position is not None and self.seed is None:
+            raise FieldError("seed", "missing")
+        if self.per_position is None and self.seed is not None:
+            raise FieldError("seed", "only with per_position")
+        return self
+
+    def acceptance(self) -> Acceptance:
+        if self.per_position is not None:
+            return Acceptance(None, tuple(self.per_position), self.seed or 0)
+        if self.explicit is not None:
+            return Acceptance(None, explicit=_table(self.explicit))
+        return Acceptance(self.fixed)
+
+
+class DraftsJson(Schema):
+    """``drafts``: exactly one of ``fixed`` and ``explicit``; it needs a
+    ``speculative_config``."""
+
+    fixed: int | None = Field(default=None, ge=0, description="`N <= K` drafts every step")
+    explicit: StepTable | None = Field(
+        default=None,
+        description='`{"<step>": {"<id>": n}}`: `n <= K` proposed after that step, absent'
+        " entries `0`",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        if (self.fixed is None) == (self.explicit is None):
+            raise ValueError("must have exactly one of 'fixed', 'explicit'")
+        return self
+
+    def drafts(self) -> Drafts:
+        if self.explicit is not None:
+            return Drafts(explicit=_table(self.explicit))
+        return Drafts(fixed=self.fixed)
+
+
+class ScenarioJson(Schema):
+    """A scenario: one JSON object."""
+
+    format: str = Field(default=FORMAT, description=f'`"{FORMAT}"`; when present it must be that')
+    version: int = Field(default=VERSION, description=f"`{VERSION}`; when present it must be that")
+    profile: str = Field(
+        description="a profile name (§1.3); `--profile` on the command line overrides it"
+    )
+    config: ConfigJson = Field(description="the engine config, in vLLM's names (below)")
+    requests: list[RequestJson] = Field(
+        min_length=1, description="a non-empty list of requests (below)"
+    )
+    acceptance: AcceptanceJson = Field(
+        default=AcceptanceJson(fixed=dataclass_default(Acceptance, "fixed")),
+        description="how many verified drafts are accepted (below)",
+    )
+    drafts: DraftsJson | None = Field(
+        default=None,
+        description="how many drafts each decoding request proposes; absent, `K` each step",
+    )
+    stops: dict[StepKey, dict[str, Annotated[int, Field(ge=1)]]] | None = Field(
+        default=None,
+        description='natural stops (EOS or a stop token), `{"<step>": {"<id>": n}}`: the'
+        " request stops at the n-th token it samples in that step (`n >= 1`, at most what it"
+        " sampled); absent, none",
+    )
+
+    @field_validator("format", "version")
+    @classmethod
+    def _this_format(cls, value: object, info: ValidationInfo) -> object:
+        expected = {"format": FORMAT, "version": VERSION}[info.field_name or ""]
+        if value != expected:
+            raise ValueError(f"must be {expected!r}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _tables_name_its_requests(self) -> Self:
+        ids: set[str] = set()
+        for i, request in enumerate(self.requests):
+            if request.id in ids:
+                raise FieldError(f"requests[{i}].id", f"duplicate request id {request.id!r}")
+            ids.add(request.id)
+        spec = self.config.speculative_config
+        k = 0 if spec is None else spec.num_speculative_tokens
+        if self.drafts is not None:
+            if spec is None:
+                raise FieldError("drafts", "drafts need config.speculative_config")
+            if self.drafts.fixed is not None and self.drafts.fixed > k:
+                raise FieldError("drafts.fixed", f"must be <= K={k}, got {self.drafts.fixed}")
+        tables = (
+            ("acceptance.explicit", self.acceptance.explicit, None),
+            ("drafts.explicit", self.drafts and self.drafts.explicit, k),
+            ("stops", self.stops, None),
+        )
+        for where, table, most in tables:
+            for step, row in (table or {}).items():
+                for rid, n in row.items():
+                    if rid not in ids:
+                        raise FieldError(f"{where}.{step}.{rid}", "no request has this id")
+                    if most is not None and n > most:
+                        raise FieldError(f"{where}.{step}.{rid}", f"must be <= K={most}")
+        return self
+
+    def scenario(self) -> Scenario:
+        return Scenario(
+            self.profile,
+            self.config.engine_config(),
+            tuple(request.request() for request in self.requests),
+            self.acceptance.acceptance(),
+            None if self.drafts is None else self.drafts.drafts(),
+            None if self.stops is None else _table(self.stops),
+        )
+
+
+def scenario_markdown() -> str:
+    """The scenario's tables, one per object (docs/design.md §4.1 renders them)."""
+    models = (ScenarioJson, ConfigJson, SpeculativeJson, RequestJson, AcceptanceJson, DraftsJson)
+    return schemas_markdown(models)
+
+
 # -- reading ---------------------------------------------------------------------------
 def load_scenario(path: str | Path) -> Scenario:
     try:
@@ -127,28 +412,19 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_scenario(obj: object) -> Scenario:
-    top = _object(obj, "scenario")
-    _keys(top, "scenario", SCENARIO_REQUIRED, SCENARIO_OPTIONAL)
-    if "format" in top and top["format"] != FORMAT:
-        raise ScenarioError("format", f"expected {FORMAT!r}, got {top['format']!r}")
-    if "version" in top and top["version"] != VERSION:
-        raise ScenarioError("version", f"unsupported version {top['version']!r} (known: 1)")
-    profile = top.get("profile")
-    if not isinstance(profile, str):
-        raise ScenarioError("profile", f"must be a profile name, got {profile!r}")
-    config = _config(top.get("config"))
-    requests = _requests(top.get("requests"))
-    ids = {r.id for r in requests}
-    k = config.num_speculative_tokens
-    scenario = Scenario(
-        profile,
-        config,
-        requests,
-        _acceptance(top.get("acceptance", {"fixed": 0}), ids),
-        _drafts(top["drafts"], ids, k) if "drafts" in top else None,
-        _stops(top["stops"], ids) if "stops" in top else None,
-    )
+    try:
+        scenario = ScenarioJson.model_validate(obj).scenario()
+    except ValidationError as err:
+        raise ScenarioError(*first_error(err, root="scenario")) from None
     return validate(scenario)
+
+
+def parse_config(value: object) -> EngineConfig:
+    """Read a ``config`` object (vLLM's names), checking keys and types."""
+    try:
+        return ConfigJson.model_validate(value).engine_config()
+    except ValidationError as err:
+        raise ScenarioError(*first_error(err, prefix="config")) from None
 
 
 def validate(scenario: Scenario) -> Scenario:
@@ -195,213 +471,6 @@ def validate(scenario: Scenario) -> Scenario:
     return scenario
 
 
-def _object(value: object, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ScenarioError(where, f"must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _keys(obj: Mapping[str, Any], where: str, required: Set[str], optional: Set[str]) -> None:
-    unknown = sorted(set(obj) - required - optional)
-    if unknown:
-        raise ScenarioError(
-            f"{where}.{unknown[0]}" if where != "scenario" else unknown[0],
-            f"unknown key (known: {', '.join(sorted(required | optional))})",
-        )
-    missing = sorted(required - set(obj))
-    if missing:
-        raise ScenarioError(
-            f"{where}.{missing[0]}" if where != "scenario" else missing[0], "missing"
-        )
-
-
-def _int(value: object, where: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ScenarioError(where, f"must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ScenarioError(where, f"must be >= {minimum}, got {value}")
-    return value
-
-
-def _bool(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ScenarioError(where, f"must be true or false, got {value!r}")
-    return value
-
-
-def _config(value: object) -> EngineConfig:
-    obj = _object(value, "config")
-    _keys(obj, "config", set(CONFIG_INTS), CONFIG_OPTIONAL)
-    # Sign and range checks are vLLM's (check_engine_config); here only the types.
-    ints = [_int(obj[name], f"config.{name}") for name in CONFIG_INTS]
-    cap = obj.get("max_num_scheduled_tokens")
-    policy = obj.get("scheduling_policy", "fcfs")
-    if not isinstance(policy, str):
-        raise ScenarioError("config.scheduling_policy", f"must be a string, got {policy!r}")
-    return EngineConfig(
-        max_num_batched_tokens=ints[0],
-        max_num_seqs=ints[1],
-        max_model_len=ints[2],
-        block_size=ints[3],
-        num_gpu_blocks=ints[4],
-        enable_chunked_prefill=_bool(
-            obj.get("enable_chunked_prefill", True), "config.enable_chunked_prefill"
-        ),
-        long_prefill_token_threshold=_int(
-            obj.get("long_prefill_token_threshold", 0), "config.long_prefill_token_threshold"
-        ),
-        scheduling_policy=policy,
-        max_num_scheduled_tokens=None
-        if cap is None
-        else _int(cap, "config.max_num_scheduled_tokens"),
-        speculative_config=_speculative(obj.get("speculative_config")),
-        async_scheduling=_bool(obj.get("async_scheduling", False), "config.async_scheduling"),
-        enable_prefix_caching=_bool(
-            obj.get("enable_prefix_caching", False), "config.enable_prefix_caching"
-        ),
-    )
-
-
-def _speculative(value: object) -> SpeculativeConfig | None:
-    if value is None:
-        return None
-    where = "config.speculative_config"
-    obj = _object(value, where)
-    _keys(obj, where, SPECULATIVE_REQUIRED, SPECULATIVE_OPTIONAL)
-    method = obj["method"]
-    if not isinstance(method, str):
-        raise ScenarioError(f"{where}.method", f"must be a string, got {method!r}")
-    layout = obj.get("dspark_layout")
-    if layout is not None and not isinstance(layout, str):
-        raise ScenarioError(f"{where}.dspark_layout", f"must be a string, got {layout!r}")
-    return SpeculativeConfig(
-        method=method,
-        num_speculative_tokens=_int(
-            obj["num_speculative_tokens"], f"{where}.num_speculative_tokens"
-        ),
-        parallel_drafting=_bool(obj.get("parallel_drafting", False), f"{where}.parallel_drafting"),
-        dspark_layout=layout,
-    )
-
-
-def _requests(value: object) -> tuple[RequestSpec, ...]:
-    if not isinstance(value, list) or not value:
-        raise ScenarioError("requests", "must be a non-empty list of requests")
-    requests: list[RequestSpec] = []
-    seen: set[str] = set()
-    for i, item in enumerate(value):
-        where = f"requests[{i}]"
-        obj = _object(item, where)
-        _keys(obj, where, REQUEST_REQUIRED, REQUEST_OPTIONAL)
-        rid = obj["id"]
-        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            raise ScenarioError(f"{where}.id", f"must be a string, got {rid!r}")
-        rid = str(rid)
-        if rid in seen:
-            raise ScenarioError(f"{where}.id", f"duplicate request id {rid!r}")
-        seen.add(rid)
-        abort = obj.get("abort_step")
-        prompt_len = _int(obj["prompt_len"], f"{where}.prompt_len", minimum=1)
-        requests.append(
-            RequestSpec(
-                id=rid,
-                prompt_len=prompt_len,
-                max_tokens=_int(obj["max_tokens"], f"{where}.max_tokens", minimum=1),
-                arrival_step=_int(obj.get("arrival_step", 0), f"{where}.arrival_step", minimum=0),
-                priority=_int(obj.get("priority", 0), f"{where}.priority"),
-                abort_step=None if abort is None else _int(abort, f"{where}.abort_step", minimum=0),
-                prompt_token_ids=_token_ids(obj, where, prompt_len),
-            )
-        )
-    return tuple(requests)
-
-
-def _token_ids(obj: Mapping[str, Any], where: str, prompt_len: int) -> tuple[int, ...] | None:
-    if "prompt_token_ids" not in obj:
-        return None
-    where = f"{where}.prompt_token_ids"
-    ids = obj["prompt_token_ids"]
-    if not isinstance(ids, list):
-        raise ScenarioError(where, f"must be a list of token ids, got {type(ids).__name__}")
-    if len(ids) != prompt_len:
-        raise ScenarioError(where, f"has {len(ids)} ids, but prompt_len is {prompt_len}")
-    return tuple(_int(token, f"{where}[{j}]", minimum=0) for j, token in enumerate(ids))
-
-
-def _per_step(
-    value: object, where: str, ids: set[str], maximum: int | None
-) -> dict[int, dict[str, int]]:
-    obj = _object(value, where)
-    table: dict[int, dict[str, int]] = {}
-    for step_key, counts in obj.items():
-        if not (isinstance(step_key, str) and step_key.isdigit()):
-            raise ScenarioError(f"{where}.{step_key}", "step keys must be non-negative integers")
-        row = _object(counts, f"{where}.{step_key}")
-        table[int(step_key)] = {}
-        for rid, n in row.items():
-            if rid not in ids:
-                raise ScenarioError(f"{where}.{step_key}.{rid}", "no request has this id")
-            n = _int(n, f"{where}.{step_key}.{rid}", minimum=0)
-            if maximum is not None and n > maximum:
-                raise ScenarioError(f"{where}.{step_key}.{rid}", f"must be <= K={maximum}")
-            table[int(step_key)][rid] = n
-    return table
-
-
-def _acceptance(value: object, ids: set[str]) -> Acceptance:
-    obj = _object(value, "acceptance")
-    kinds = [kind for kind in ACCEPTANCE_KINDS if kind in obj]
-    if len(kinds) != 1:
-        raise ScenarioError(
-            "acceptance", "must have exactly one of 'fixed', 'per_position', 'explicit'"
-        )
-    kind = kinds[0]
-    if kind == "fixed":
-        _keys(obj, "acceptance", {"fixed"}, set())
-        return Acceptance(fixed=_int(obj["fixed"], "acceptance.fixed", minimum=0))
-    if kind == "explicit":
-        _keys(obj, "acceptance", {"explicit"}, set())
-        return Acceptance(
-            fixed=None, explicit=_per_step(obj["explicit"], "acceptance.explicit", ids, None)
-        )
-    _keys(obj, "acceptance", {"per_position", "seed"}, set())
-    probs = obj["per_position"]
-    if not isinstance(probs, list) or not probs:
-        raise ScenarioError("acceptance.per_position", "must be a non-empty list of probabilities")
-    checked: list[float] = []
-    for j, prob in enumerate(probs):
-        ok = isinstance(prob, (int, float)) and not isinstance(prob, bool)
-        if not ok or not math.isfinite(prob) or not 0 <= prob <= 1:
-            raise ScenarioError(f"acceptance.per_position[{j}]", f"must be in [0, 1], got {prob!r}")
-        checked.append(float(prob))
-    return Acceptance(
-        fixed=None, per_position=tuple(checked), seed=_int(obj["seed"], "acceptance.seed")
-    )
-
-
-def _drafts(value: object, ids: set[str], k: int) -> Drafts:
-    obj = _object(value, "drafts")
-    if k == 0:
-        raise ScenarioError("drafts", "drafts need config.speculative_config")
-    if "fixed" in obj:
-        _keys(obj, "drafts", {"fixed"}, set())
-        n = _int(obj["fixed"], "drafts.fixed", minimum=0)
-        if n > k:
-            raise ScenarioError("drafts.fixed", f"must be <= K={k}, got {n}")
-        return Drafts(fixed=n)
-    _keys(obj, "drafts", {"explicit"}, set())
-    return Drafts(explicit=_per_step(obj["explicit"], "drafts.explicit", ids, k))
-
-
-def _stops(value: object, ids: set[str]) -> dict[int, dict[str, int]]:
-    table = _per_step(value, "stops", ids, None)
-    for step, row in table.items():
-        for rid, n in row.items():
-            if n < 1:
-                raise ScenarioError(f"stops.{step}.{rid}", f"must be >= 1, got {n}")
-    return table
-
-
 # -- writing ---------------------------------------------------------------------------
 def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
     """The JSON object ``parse_scenario`` reads back into an equal scenario."""
@@ -429,9 +498,3 @@ def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
 
 def dump_scenario(scenario: Scenario, path: str | Path) -> None:
     Path(path).write_text(json.dumps(scenario_to_json(scenario), indent=2) + "\n")
-
-
-# -- the config alone (traces carry it in their header) ---------------------------------
-def parse_config(value: object) -> EngineConfig:
-    """Read a ``config`` object (vLLM's names), checking keys and types."""
-    return _config(value)

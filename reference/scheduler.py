@@ -6,22 +6,22 @@ pipeline parallelism, one full-attention KV group (prefix caching on or off: see
 ``kv.py`` and docs/design.md §6), no multi-module MTP (its prefill lookahead is then a
 no-op). Within it, one ``handle(event)`` call is
 one of vLLM's ``add_request``, ``schedule`` (with ``_update_after_schedule``),
-``update_from_output``, ``update_draft_token_ids`` or ``finish_requests``; with
-``config.async_scheduling`` the scheduler is vLLM's ``AsyncScheduler`` (output
-placeholders, steps in flight: see ``_update_after_schedule`` and ``_update_from_output``).
+``update_from_output``, ``update_draft_token_ids`` or ``finish_requests``. With
+``config.async_scheduling`` the scheduler is ``AsyncScheduler`` (``async_scheduler.py``),
+as in vLLM a subclass that overrides the hooks of output placeholders and steps in flight;
+``make_scheduler`` picks the class for a config. Blocks are the KV manager's (``kv.py``).
 
-Where vLLM 0.32 and 0.33 differ inside the subset, the branch follows the profile's
-``vllm_version`` (profiles that no release ships take 0.33's).
+Where vLLM's releases differ inside the subset, the branch reads a field of the
+profile's release record (``spec.releases``), never a version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from dualbudget.spec.config import EngineConfig, check_engine_config
-from dualbudget.spec.errors import BadInput
 from dualbudget.spec.invariants import StepTotals, step_totals, step_violations
 from dualbudget.spec.kernel import compile_kernel
 from dualbudget.spec.policies import Ledger, StepParams
@@ -33,11 +33,11 @@ from .events import (
     AddRequest,
     DraftProposals,
     Event,
+    InvalidEvent,
     ModelOutput,
     ScheduleStep,
     StepRecord,
 )
-from .prefix_cache import BlockPool, HitRule, hash_blocks
 from .state import (
     FINISHED,
     FINISHED_ABORTED,
@@ -80,19 +80,18 @@ in-flight output already reaches max_tokens, a request finished by EOS or a stop
 and ``PREFIX_OBSERVED``."""
 
 
-class InvalidEvent(BadInput):
-    """An event the scheduler cannot take (a duplicate id, more tokens sampled than
-    scheduled, ...): the event stream, not the scheduler, is wrong."""
-
-
 class UnmirroredVllmCrash(RuntimeError):
     """A state in which vLLM itself fails an assertion; the reference refuses to guess."""
 
 
-@dataclass(slots=True)
-class _Step:
-    """What one ``schedule`` call builds; it dies with the call."""
+_NONE_STALE: Set[str] = frozenset()
 
+
+@dataclass(slots=True)
+class OpenStep:
+    """The step one ``schedule`` call builds; it dies with the call."""
+
+    index: int
     token_budget: int
     input_budget: int
     """The step's ledger, moved only by the budget kernel (``spec.kernel``)."""
@@ -108,7 +107,13 @@ class _Step:
 
 class Scheduler:
     """``(state, event) -> (state, output)``: ``handle`` returns the StepRecord for a
-    ScheduleStep and None for every other event; ``state`` is the whole memory."""
+    ScheduleStep and None for every other event; ``state`` is the whole memory.
+
+    One step at a time: every output answers the step just scheduled."""
+
+    schedules_ahead: ClassVar[bool] = False
+    """Whether step n+1 is scheduled before step n's output is back: the class of
+    ``config.async_scheduling`` (``make_scheduler``)."""
 
     def __init__(
         self,
@@ -121,6 +126,11 @@ class Scheduler:
     ) -> None:
         if check not in CHECK_MODES:
             raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
+        if config.async_scheduling != self.schedules_ahead:
+            raise ValueError(
+                f"{type(self).__name__} cannot run a config with async_scheduling ="
+                f" {config.async_scheduling}: make_scheduler picks the class"
+            )
         check_engine_config(config)
         profile.policy.validate(config)
         self.config = config
@@ -134,26 +144,19 @@ class Scheduler:
         self._per_q: dict[int, tuple[int, int, int]] = {}
         self.check: CheckMode = check
         self.scenario = scenario
-        self.semantics = profile.vllm_version or "0.33"
-        self.async_scheduling = config.async_scheduling
+        self.release = profile.release
+        """Every behaviour around the budget that differs between vLLM releases."""
         self.observed: dict[str, int] = dict.fromkeys(OBSERVED, 0)
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
-        self.prefix_caching = config.enable_prefix_caching
-        spec = config.speculative_config
-        self.hit_rule = (
-            HitRule.of(self.semantics, spec.method if spec is not None else None)
-            if self.prefix_caching
-            else None
-        )
-        self._hash_lookahead = self.hit_rule.num_hash_lookahead_tokens if self.hit_rule else 0
-        self.kv = kv.manager_for(
-            config.block_size,
-            config.max_model_len,
-            self.num_lookahead_tokens,
-            self.hit_rule,
-            self.observed,
+        self.kv = kv.manager_for(config, self.release, self.num_lookahead_tokens, self.observed)
+        # The release caches a running request's verified blocks as its output comes, when
+        # the step had spec tokens or output placeholders to verify.
+        self._caches_verified_output = (
+            self.kv.enable_caching
+            and self.release.caches_verified_output
+            and (self.num_spec_tokens > 0 or self.schedules_ahead)
         )
         self.violations: list[StepViolation] = []
         self._handlers: dict[type, Callable[[Any], StepRecord | None]] = {
@@ -167,12 +170,11 @@ class Scheduler:
 
     @staticmethod
     def initial_state(config: EngineConfig) -> SchedulerState:
-        pool = BlockPool.create(config.num_gpu_blocks) if config.enable_prefix_caching else None
-        return SchedulerState(free_blocks=kv.usable_blocks(config.num_gpu_blocks), block_pool=pool)
+        return kv.initial_state(config)
 
     def fork(self) -> Scheduler:
         """An independent scheduler at the same state (violations collected so far kept)."""
-        twin = Scheduler(
+        twin = type(self)(
             self.config, self.profile, check=self.check, scenario=self.scenario, state=self.state
         )
         twin.violations = list(self.violations)
@@ -200,8 +202,6 @@ class Scheduler:
             )
         if event.max_tokens < 1:
             raise InvalidEvent(f"request {event.request_id!r}: max_tokens must be >= 1")
-        if self.prefix_caching:
-            self._check_prefix_request(event)
         request = RequestState(
             event.request_id,
             event.prompt_len,
@@ -209,92 +209,10 @@ class Scheduler:
             event.priority,
             event.arrival_time,
         )
-        if self.prefix_caching:
-            ids = event.prompt_token_ids
-            if ids is not None:
-                request.token_ids = list(ids)
-                request.block_hashes = hash_blocks(
-                    None, ids, self.config.block_size, lookahead=self._hash_lookahead
-                )
-            else:
-                request.block_hashes = list(event.block_hashes or ())
+        self.kv.add_request(request, event)
         self.state.requests[event.request_id] = request
         self.state.waiting.append(event.request_id)
         self.state.num_arrivals += 1
-
-    def _check_prefix_request(self, event: AddRequest) -> None:
-        """With prefix caching a request carries what its block hashes are made of:
-        its prompt's ids, or (a recorded trace) the hashes themselves."""
-        rid, ids, hashes = event.request_id, event.prompt_token_ids, event.block_hashes
-        if (ids is None) == (hashes is None):
-            raise InvalidEvent(
-                f"request {rid!r}: with enable_prefix_caching it must carry exactly one of"
-                " prompt_token_ids and block_hashes"
-            )
-        if ids is not None and len(ids) != event.prompt_len:
-            raise InvalidEvent(
-                f"request {rid!r}: {len(ids)} prompt_token_ids for prompt_len {event.prompt_len}"
-            )
-        if hashes is not None:
-            self._check_num_hashes(rid, len(hashes), event.prompt_len)
-
-    def _check_num_hashes(self, rid: str, num_hashes: int, num_tokens: int) -> None:
-        """A request's vLLM block hashes are one per full block of its tokens (0.33's
-        lookahead hashes: of its tokens but the last)."""
-        assert self.hit_rule is not None
-        expected = self.hit_rule.num_hashes(num_tokens, self.config.block_size)
-        if num_hashes != expected:
-            raise InvalidEvent(
-                f"request {rid!r}: {num_hashes} block hashes for {num_tokens} tokens;"
-                f" block_size {self.config.block_size} makes {expected}"
-            )
-
-    def _append_block_hashes(
-        self, request: RequestState, event: ModelOutput, appended: int
-    ) -> None:
-        """``Request.append_output_token_ids``: the hashes of the full blocks the
-        appended tokens complete (from their ids, or as the event reports them)."""
-        hashes, rid = request.block_hashes, request.request_id
-        assert hashes is not None
-        ids = request.token_ids
-        if ids is not None:
-            ids.extend(event.token_ids[rid][:appended])
-            block_size = self.config.block_size
-            hashes += hash_blocks(
-                hashes[-1] if hashes else None,
-                ids,
-                block_size,
-                start=len(hashes) * block_size,
-                lookahead=self._hash_lookahead,
-            )
-        else:
-            hashes += event.block_hashes.get(rid, ())
-            self._check_num_hashes(rid, len(hashes), request.num_tokens)
-
-    def _check_prefix_output(self, event: ModelOutput) -> None:
-        """With prefix caching every request that sampled reports what it sampled in
-        the form it was added with: ids, or the block hashes it gained."""
-        requests, sampled = self.state.requests, event.num_sampled
-        for rid in (*event.token_ids, *event.block_hashes):
-            if not sampled.get(rid, 0):
-                raise InvalidEvent(
-                    f"model output carries token ids or hashes for {rid!r}, which sampled none"
-                )
-        for rid, num_sampled in sampled.items():
-            if not num_sampled or requests[rid].status in FINISHED:
-                continue  # a finished request's output is dropped
-            if requests[rid].token_ids is not None:
-                ids = event.token_ids.get(rid)
-                if ids is None or len(ids) != num_sampled:
-                    raise InvalidEvent(
-                        f"request {rid!r} sampled {num_sampled} tokens; its model output"
-                        f" must carry as many token_ids, got {None if ids is None else len(ids)}"
-                    )
-            elif rid not in event.block_hashes:
-                raise InvalidEvent(
-                    f"request {rid!r} sampled {num_sampled} tokens; its model output must"
-                    " carry the block_hashes it gained"
-                )
 
     # -- schedule --------------------------------------------------------------------
     def _schedule(self, _: ScheduleStep) -> StepRecord:
@@ -302,7 +220,7 @@ class Scheduler:
         step_index = state.num_steps
         state.num_steps += 1
         p, policy = self.params, self.policy
-        step = _Step(*self.kernel.opened, {}, {}, [], [])
+        step = OpenStep(step_index, *self.kernel.opened, {}, {}, [], [])
 
         # Scheduler.schedule: the threshold only bites when someone could be starved.
         threshold = self.config.long_prefill_token_threshold
@@ -314,18 +232,9 @@ class Scheduler:
         if not step.preempted:
             self._schedule_waiting(step, threshold)
 
-        requests = state.requests
         scheduled = step.scheduled
-        if self.async_scheduling:
-            self._update_after_schedule_async(step)
-        else:
-            # Scheduler._update_after_schedule
-            for rid, q in scheduled.items():
-                request = requests[rid]
-                computed = request.num_computed_tokens + q
-                request.num_computed_tokens = computed
-                # request.num_tokens, inlined
-                request.is_prefill_chunk = computed < request.prompt_len + request.num_output_tokens
+        self._update_after_schedule(step)
+        self._put_in_flight(step)
         totals = step_totals(policy, p, scheduled, self._per_q)
 
         finished = state.finished_since_step
@@ -333,12 +242,6 @@ class Scheduler:
         # The step's own dicts and lists die with the call: the state keeps them, the
         # record gets copies (so that no consumer of the record can reach the state).
         state.last_padded = step.padded
-        if self.async_scheduling:
-            self.observed["async_in_flight"] += bool(state.in_flight)
-            state.in_flight[step_index] = StepInFlight(scheduled, step.spec)
-        else:
-            # One step at a time: an output answers the step just scheduled.
-            state.in_flight = {step_index: StepInFlight(scheduled, step.spec)}
         record = StepRecord(
             step=step_index,
             num_scheduled_tokens=dict(scheduled),
@@ -352,27 +255,23 @@ class Scheduler:
         self._check_contract(step_index, step, record, totals)
         return record
 
-    def _update_after_schedule_async(self, step: _Step) -> None:
-        """``AsyncScheduler._update_after_schedule``: the base update, with the step's
-        tokens in flight; then each request that samples in the step holds output
-        placeholders for its sampled token and its spec tokens, and K placeholder drafts
-        for the next step (the engine never calls ``update_draft_token_ids`` under async:
-        the worker fills them in)."""
-        requests, k = self.state.requests, self.num_spec_tokens
-        spec = step.spec
+    def _update_after_schedule(self, step: OpenStep) -> None:
+        """``Scheduler._update_after_schedule``: each scheduled request's tokens count as
+        computed; a request is mid-prefill while they stop short of its tokens (and of
+        its output placeholders, which one step at a time never holds)."""
+        requests = self.state.requests
         for rid, q in step.scheduled.items():
             request = requests[rid]
             computed = request.num_computed_tokens + q
             request.num_computed_tokens = computed
-            request.num_in_flight_tokens += q
-            request.is_prefill_chunk = computed < (
-                request.prompt_len + request.num_output_tokens + request.num_output_placeholders
-            )
-            if not request.is_prefill_chunk:
-                request.num_output_placeholders += NUM_SAMPLED_PER_STEP + spec.get(rid, 0)
-                request.num_drafts = k
+            # request.num_tokens, inlined
+            request.is_prefill_chunk = computed < request.prompt_len + request.num_output_tokens
 
-    def _schedule_running(self, step: _Step, threshold: int) -> None:
+    def _put_in_flight(self, step: OpenStep) -> None:
+        """The step goes in flight alone: the output of the one before has come."""
+        self.state.in_flight = {step.index: StepInFlight(step.scheduled, step.spec)}
+
+    def _schedule_running(self, step: OpenStep, threshold: int) -> None:
         """The RUNNING loop of ``Scheduler.schedule``.
 
         It runs for every running request of every step, the reference's hottest loop:
@@ -426,11 +325,14 @@ class Scheduler:
                 allocated, index = self._allocate_or_preempt(step, request, q, index)
                 token_budget, input_budget = step.token_budget, step.input_budget
                 if not allocated:
-                    if self.semantics == "0.33" and self.priority and request.status == PREEMPTED:
-                        # vLLM 0.33 Scheduler.schedule: a priority request that preempted
-                        # itself freed its blocks; the higher-priority ones after it may
-                        # still fit, and ``index`` already points at the next one. (0.32
-                        # stops here.)
+                    if (
+                        self.priority
+                        and request.status == PREEMPTED
+                        and self.release.continues_after_priority_self_preemption
+                    ):
+                        # Scheduler.schedule: a priority request that preempted itself
+                        # freed its blocks; the higher-priority ones after it may still
+                        # fit, and ``index`` already points at the next one.
                         done = kernel.exhausted(token_budget, input_budget)
                         continue
                     break
@@ -450,7 +352,7 @@ class Scheduler:
         step.token_budget, step.input_budget = token_budget, input_budget
 
     def _allocate_or_preempt(
-        self, step: _Step, request: RequestState, q: int, index: int
+        self, step: OpenStep, request: RequestState, q: int, index: int
     ) -> tuple[bool, int]:
         """The ``allocate_slots`` retry loop of the RUNNING loop, once the pool is short:
         preempt until ``request`` fits or it preempted itself. Returns (allocated, the
@@ -500,14 +402,9 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_drafts = 0
         request.num_preemptions += 1
-        if self.async_scheduling:
-            # The output of steps in flight still comes; it is stale, and is drained as
-            # it arrives (``_update_from_output``). No connector asks for it dropped.
-            request.num_stale_output_tokens = request.num_in_flight_tokens
-            request.num_output_placeholders = 0
         self.state.waiting.insert(0, request.request_id)
 
-    def _schedule_waiting(self, step: _Step, threshold: int) -> None:
+    def _schedule_waiting(self, step: OpenStep, threshold: int) -> None:
         """The WAITING loop of ``Scheduler.schedule``."""
         state, kernel = self.state, self.kernel
         k = self.num_spec_tokens
@@ -551,11 +448,11 @@ class Scheduler:
             if q <= 0:
                 # Unreachable in the subset (the loop guard leaves room >= 1); mirrored for
                 # the branch's sake.
-                if self.semantics == "0.33":
-                    # vLLM 0.33: requeue the request so it does not stall the ones behind it.
+                if self.release.requeues_unscheduled_waiting:
+                    # So that it does not stall the ones behind it.
                     skipped.append(self._pop_waiting(request.request_id))
                     continue
-                break  # vLLM 0.32 stops the waiting loop
+                break
             if padded and q != 1 + k:
                 raise UnmirroredVllmCrash(
                     "vLLM's Scheduler.schedule asserts a padded spec-decode request keeps"
@@ -613,8 +510,8 @@ class Scheduler:
     def _update_from_output(self, event: ModelOutput) -> None:
         """``Scheduler.update_from_output`` for the step ``event`` answers: roll back
         rejected drafts, append the sampled tokens one by one, stop on a stop token, at
-        max_tokens or at max_model_len. Under async scheduling the step's tokens leave
-        flight first, and the output of a request preempted since is stale: delivered,
+        max_tokens or at max_model_len. The step's tokens leave flight first
+        (``_leave_flight``); the output of a request preempted since is stale: delivered,
         but rolling nothing back."""
         state, requests = self.state, self.state.requests
         last = state.num_steps - 1
@@ -627,27 +524,21 @@ class Scheduler:
             stray = next(rid for rid in sampled if rid not in scheduled)
             which = "the last step" if event.step is None else f"step {step}"
             raise InvalidEvent(f"model output for {stray!r}, not scheduled in {which}")
-        prefix_caching = self.prefix_caching
-        if prefix_caching:
-            self._check_prefix_output(event)
+        kv_manager = self.kv
+        caching = kv_manager.enable_caching
+        if caching:
+            kv_manager.check_output(state, event)
         stopped = event.stopped
         for rid, kept in stopped.items() if stopped else ():
             if not 1 <= kept <= sampled.get(rid, 0):
                 raise InvalidEvent(
                     f"request {rid!r} stopped at token {kept} of {sampled.get(rid, 0)} sampled"
                 )
-        stale: set[str] = set()
-        async_scheduling, semantics = self.async_scheduling, self.semantics
-        if async_scheduling:
-            for rid, q in scheduled.items():
-                request = requests[rid]
-                request.num_in_flight_tokens -= q
-                # Drain the stale share (see _preempt) in step with the steps it covers.
-                if request.num_stale_output_tokens > 0:
-                    request.num_stale_output_tokens -= q
-                    if request.status not in FINISHED:
-                        stale.add(rid)
-                        self.observed["stale_output"] += 1
+        stale = self._leave_flight(scheduled)
+        # Only a scheduler that schedules ahead holds output placeholders to resolve: the
+        # one-step-at-a-time loop spares the call.
+        resolves_placeholders = self.schedules_ahead
+        caches_verified_output = self._caches_verified_output
         max_model_len = self.config.max_model_len
         for rid, num_sampled in sampled.items():
             num_spec = spec.get(rid, 0)
@@ -687,40 +578,35 @@ class Scheduler:
             elif stop_after <= num_sampled:
                 appended, status = stop_after, FINISHED_LENGTH
             request.num_output_tokens = output + appended
-            if async_scheduling and not is_stale:
-                # AsyncScheduler._update_request_with_output: the placeholders these
-                # tokens stood for are resolved; vLLM 0.32 counts the tokens kept after
-                # trimming at a stop, 0.33 every token returned.
-                resolved = appended if semantics == "0.32" else num_sampled
-                if semantics == "0.32" or request.num_output_placeholders > 0:
-                    request.num_output_placeholders -= resolved
-                if request.num_output_placeholders < 0:
-                    raise UnmirroredVllmCrash(
-                        f"request {rid!r}: vLLM asserts num_output_placeholders >= 0"
-                    )
-            if prefix_caching:
-                self._append_block_hashes(request, event, appended)
-                if request.status == RUNNING:
-                    self._cache_after_output(request, num_sampled - appended, is_stale)
+            if caching:
+                kv_manager.append_output(request, event, appended)
+            if resolves_placeholders:
+                self._update_request_with_output(request, appended, num_sampled, is_stale)
+            if caches_verified_output and not is_stale and request.status == RUNNING:
+                # The blocks a running request's verified tokens complete are cached as its
+                # output comes (before a stop frees them), not only at its next
+                # allocation; a stop first takes the tokens after it out of the computed.
+                trimmed = num_sampled - appended
+                kv_manager.cache_blocks(
+                    state,
+                    request,
+                    request.num_computed_tokens - request.num_in_flight_tokens - trimmed,
+                )
             if status is not None:
                 self._finish(rid, status)
         if step == last:
             state.last_padded = []
 
-    def _cache_after_output(self, request: RequestState, trimmed: int, is_stale: bool) -> None:
-        """The blocks a running request's verified tokens complete are cached as its
-        output comes (before a stop frees them), not only at its next allocation:
-        vLLM 0.33 with spec tokens or output placeholders (which every output of a
-        request not preempted since has under async scheduling), a stop first taking
-        the ``trimmed`` tokens after it out of the computed; vLLM 0.32's
-        ``AsyncScheduler`` up to its placeholders left."""
-        if self.semantics == "0.32":
-            if self.async_scheduling:
-                num_tokens = request.num_computed_tokens - request.num_output_placeholders
-                self.kv.cache_blocks(self.state, request, num_tokens)
-        elif not is_stale and (self.num_spec_tokens > 0 or self.async_scheduling):
-            num_tokens = request.num_computed_tokens - request.num_in_flight_tokens - trimmed
-            self.kv.cache_blocks(self.state, request, num_tokens)
+    def _leave_flight(self, scheduled: Mapping[str, int]) -> Set[str]:
+        """The answered step's tokens leave flight; returns the requests whose output is
+        stale. One step at a time, none is: a preemption waits for no output."""
+        return _NONE_STALE
+
+    def _update_request_with_output(
+        self, request: RequestState, appended: int, num_sampled: int, is_stale: bool
+    ) -> None:
+        """``_update_request_with_output`` past appending the tokens: one step at a time
+        holds no output placeholders, so nothing is left to do."""
 
     def _update_draft_token_ids(self, event: DraftProposals) -> None:
         """``Scheduler.update_draft_token_ids``: a request mid-prefill drops its drafts."""
@@ -753,7 +639,7 @@ class Scheduler:
 
     # -- the contract ----------------------------------------------------------------
     def _check_contract(
-        self, step_index: int, step: _Step, record: StepRecord, totals: StepTotals
+        self, step_index: int, step: OpenStep, record: StepRecord, totals: StepTotals
     ) -> None:
         ledger = Ledger(step.token_budget, step.input_budget)
         found = step_violations(self.policy, self.params, ledger, totals)
@@ -768,7 +654,7 @@ class Scheduler:
                 raise ContractViolation(found_at_step, self.scenario)
             self.violations.append(found_at_step)
 
-    def _step_state(self, step: _Step, record: StepRecord) -> dict[str, Any]:
+    def _step_state(self, step: OpenStep, record: StepRecord) -> dict[str, Any]:
         opened = self.policy.open(self.params)
         return {
             "profile": self.profile.name,
@@ -781,18 +667,3 @@ class Scheduler:
     def _charge_json(self, q: int) -> dict[str, Any]:
         charge = self.policy.charge(self.params, q)
         return {"tokens": charge.tokens, "rows": charge.rows}
-
-
-def transition(
-    config: EngineConfig,
-    profile: Profile,
-    state: SchedulerState,
-    event: Event,
-    *,
-    check: CheckMode = "raise",
-) -> tuple[SchedulerState, StepRecord | None]:
-    """The scheduler as a pure function: ``state`` is left untouched, the new state and
-    the output (a StepRecord for ScheduleStep, else None) are returned."""
-    scheduler = Scheduler(config, profile, check=check, state=state)
-    output = scheduler.handle(event)
-    return scheduler.state, output

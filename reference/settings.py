@@ -47,6 +47,9 @@ class Setting:
     """Other values the reference replays, as a function of the config and profile."""
     also: str = ""
     """Those other values, in words (for the docs)."""
+    recorded_since: int = 2
+    """The first trace format version that records it; a trace of an older version is read
+    with it at ``assumed``."""
 
     def replays(self, value: Json, config: EngineConfig, profile: Profile) -> bool:
         if self.modelled or value == self.assumed:
@@ -110,10 +113,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "disable_eagle_block_drop", "speculative_config", False, False, False,
         "an EAGLE-family prefix-cache hit keeps its last block",
+        recorded_since=3,
     ),
     Setting(
         "disable_lookahead_block_hashes", "speculative_config", False, False, False,
         "0.33's EAGLE-family block hashes stop covering the token after each block",
+        recorded_since=3,
     ),
     Setting(
         "kv_cache_groups", "kv_cache_config", ["FullAttentionSpec"], False,
@@ -171,14 +176,22 @@ def settings_markdown() -> str:
     def cell(value: Json) -> str:
         return f"`{json.dumps(value)}`"
 
-    lines = [
-        "| setting | vLLM keeps it in | vLLM default | replayed | what it changes |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+    header = (
+        "setting",
+        "vLLM keeps it in",
+        "vLLM default",
+        "replayed",
+        "what it changes",
+        "in traces from",
+    )
+    lines = [f"| {' | '.join(header)} |", f"|{' --- |' * len(header)}"]
     for s in SETTINGS:
         if s.modelled:
             replayed = "every value (modelled)"
         else:
             replayed = " ".join(filter(None, (cell(s.assumed), s.also)))
-        lines.append(f"| `{s.name}` | `{s.home}` | {cell(s.default)} | {replayed} | {s.changes} |")
+        lines.append(
+            f"| `{s.name}` | `{s.home}` | {cell(s.default)} | {replayed} | {s.changes}"
+            f" | version {s.recorded_since} |"
+        )
     return "\n".join(lines) + "\n"

@@ -19,6 +19,9 @@ Under prefix caching (``enable_prefix_caching``, the scenario's config) each run
 keeps its hits (``PrefixStats``): per request admitted, the prompt tokens its first
 admission found cached, and the scheduler's own counters of the cache's events.
 
+``scenario_from_trace`` makes a what-if workload of a recorded trace: its config, its
+arrivals and aborts, and the acceptance it measured.
+
 Percentiles are nearest-rank: ``p`` of ``n`` sorted values is the value at
 ``ceil(p/100 * n) - 1`` (so p50 of ``[1, 2, 3, 4]`` is 2, p99 of 100 values the 99th).
 """
@@ -34,9 +37,11 @@ from typing import Any
 from dualbudget.spec.errors import BadInput
 
 from .driver import Reference, ScenarioRun, drive
-from .events import Event, ScheduleStep, StepRecord
-from .scenario import Scenario
+from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, ScheduleStep, StepRecord
+from .scenario import Acceptance, RequestSpec, Scenario, validate
 from .scheduler import PREFIX_OBSERVED
+from .token_ids import segment
+from .trace import Trace, TraceError
 from .violations import StepViolation
 
 ProgressFn = Callable[[str, int, int, int], None]
@@ -173,7 +178,7 @@ def fit_exactly(runs: Sequence[PublishedRun], draft_per_target: float) -> StepTi
 
 # The published run of the dspark-bench workload (Qwen3-8B, tensor parallel 2,
 # max_num_batched_tokens=128, max_num_seqs=16, DSpark K=7, 4096 requests of 64 prompt and
-# 512 output tokens at concurrency 4096), as issue 14 of this project quotes it; the
+# 512 output tokens at concurrency 4096), as published for the DSpark budget proposal; the
 # totals are this simulator's for `dspark-bench` at seed 0 under the same profile
 # (tests/test_calibration.py re-simulates them).
 DSPARK_QWEN3_8B_RUNS = (
@@ -199,8 +204,8 @@ CALIBRATIONS: dict[str, Calibration] = {
             "fitted to the published vllm bench serve run of Qwen3-8B, tensor parallel 2,"
             " B=128, max_num_seqs=16, DSpark K=7, 4096 x (64 prompt, 512 output) at"
             " concurrency 4096: 716.16 s under vLLM 0.32, 586.69 s under the proposal"
-            " (simulated as dual), as this project's issue 14 quotes the run; its report is not"
-            " in the repository",
+            " (simulated as dual), as published for the DSpark budget proposal; the run's own"
+            " report is not in the repository",
             "dspark-bench",
             DSPARK_QWEN3_8B_RUNS,
             f"c = {DRAFT_PER_TARGET:g}*b held: D/T is 0.87 in both runs, so b and c are not"
@@ -375,7 +380,7 @@ class SimResult:
         }
 
     def summary(self) -> dict[str, Any]:
-        """The issue's per-profile JSON object (plus diagnostics after its keys)."""
+        """One profile's object of the ``--json`` document (diagnostics after its keys)."""
         ttft = self.ttft_steps()
         spot = self.steps_per_output_token()
         return {
@@ -527,7 +532,7 @@ def ratios(results: Sequence[SimResult], model: StepTimeModel) -> list[dict[str,
 def to_json(
     workload: str, results: Sequence[SimResult], calibration: Calibration | None = None
 ) -> dict[str, Any]:
-    """The ``--json`` document: the issue's schema, with the calibration in use, whether
+    """The ``--json`` document (docs/simulate.md), with the calibration in use, whether
     prefix caching was on and, per profile, the seconds and output tokens/s it predicts
     and the prefix cache's hits."""
     if calibration is None:
@@ -567,3 +572,92 @@ def to_json(
         "enable_prefix_caching": any(r.prefix_caching for r in results),
         "profiles": profiles,
     }
+
+
+# -- a workload from a recorded trace -------------------------------------------------
+def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
+    """A what-if workload from a recorded trace: its config, its requests arriving at the
+    steps they arrived (aborts likewise), and the acceptance it measured.
+
+    Acceptance is kept as empirical per-position rates (position ``j`` accepted given
+    ``j-1`` was), not as a per-step table: under another profile the same step schedules
+    other requests, so only the rates carry over. The simulated drafter proposes ``K``
+    every step; a decode step after the recorded drafter proposed nothing counts as a
+    rejection at position 0, and padded placeholders (which no target accepts) as
+    rejections, so the rates fold in how often real drafts were there. What does not
+    carry over is the verify width: a step the trace ran at width 1 is simulated at
+    ``1 + K``, so step counts of a what-if are model results, not replays.
+
+    A prefix-cached trace (version 3) keeps what its prompts shared: each request gets
+    prompt ids made from its recorded block hashes (``prompt_ids_from_hashes``), so two
+    prompts share a block in the what-if exactly where vLLM found them sharing one. Its
+    outputs are the simulation's own ids, so a later turn's blocks over an earlier reply
+    are shared no more.
+    """
+    arrivals: dict[str, tuple[AddRequest, int]] = {}
+    aborts: dict[str, int] = {}
+    reached: list[int] = []
+    accepted: list[int] = []
+    steps = 0
+    # The drafts each step verified, by step: under async an output answers an earlier step.
+    spec_of: dict[int, dict[str, int]] = {}
+    last = -1
+    proposed_none: set[str] = set()
+    for entry in trace.entries:
+        if isinstance(entry, StepRecord):
+            steps += 1
+            last = entry.step
+            spec_of[last] = entry.scheduled_spec_tokens
+        elif isinstance(entry, AddRequest):
+            arrivals[entry.request_id] = (entry, steps)
+        elif isinstance(entry, Abort):
+            aborts.setdefault(entry.request_id, steps)
+        elif isinstance(entry, DraftProposals):
+            proposed_none = {rid for rid, n in entry.num_drafts.items() if n == 0}
+        elif isinstance(entry, ModelOutput):
+            spec = spec_of.get(last if entry.step is None else entry.step, {})
+            for rid, sampled in entry.num_sampled.items():
+                drafts = spec.get(rid, 0)
+                if sampled <= 0 or (drafts <= 0 and rid not in proposed_none):
+                    continue
+                # A decode step after the drafter proposed nothing (n-gram without a
+                # match) counts as a rejection at the first position: the simulation
+                # proposes K every step, so the trace's silence must lower the rates.
+                drafts = max(drafts, 1)
+                taken = sampled - 1
+                while len(reached) < drafts:
+                    reached.append(0)
+                    accepted.append(0)
+                for position in range(min(taken + 1, drafts)):
+                    reached[position] += 1
+                    accepted[position] += position < taken
+    if not arrivals:
+        raise TraceError(f"trace {trace.path!r}: holds no request to simulate")
+    rates = tuple(a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True))
+    block_size = trace.header.config.block_size
+    requests = tuple(
+        RequestSpec(
+            id=rid,
+            prompt_len=event.prompt_len,
+            max_tokens=event.max_tokens,
+            arrival_step=step,
+            priority=event.priority,
+            abort_step=max(aborts[rid], step) if rid in aborts else None,
+            prompt_token_ids=None
+            if event.block_hashes is None
+            else prompt_ids_from_hashes(rid, event.prompt_len, event.block_hashes, block_size),
+        )
+        for rid, (event, step) in arrivals.items()
+    )
+    acceptance = Acceptance(fixed=None, per_position=rates, seed=seed)
+    return validate(Scenario(profile, trace.header.config, requests, acceptance))
+
+
+def prompt_ids_from_hashes(
+    request_id: str, prompt_len: int, block_hashes: Sequence[str], block_size: int
+) -> tuple[int, ...]:
+    """Prompt ids that share a block with another prompt's exactly where their recorded
+    hashes are equal: each hashed block the ids of its hash, the rest the request's own.
+    Because a hash stands for its whole prefix, equal ids chain back to equal hashes."""
+    ids = [i for h in block_hashes for i in segment(f"block:{h}", block_size)]
+    return (*ids, *segment(f"tail:{request_id}", prompt_len - len(ids)))

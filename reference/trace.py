@@ -1,96 +1,49 @@
-"""The trace format ``dualbudget-trace``, version 3 (versions 1 and 2 are still read):
-NDJSON, one object per line.
+"""The trace format ``dualbudget-trace``: NDJSON, one object per line, written at version 3
+and read at versions 1, 2 and 3.
 
-Line 1, the header::
+What each line may hold, per version, is its schema (``reference/trace_schema.py``;
+docs/design.md §4.3 renders its tables): the header first, then, in the order they
+happened, the events that came from outside the scheduler (``add_request``, ``abort``,
+``model_output``, ``draft_proposals``) and the decisions it made (``step``), and last
+``{"event": "end", "steps": N}``: a trace without it was cut short. Only budget-relevant
+fields are kept: no token ids, no prompts. Prefix caching's hits are reproduced from
+vLLM's own block hashes (``Request.block_hashes``, as hex): only their equality matters,
+so they carry no token content. A file named ``*.gz`` is read through gzip (a burst of
+thousands of arrivals compresses well).
 
-    {"format": "dualbudget-trace", "version": 3, "vllm_version": "0.32.0",
-     "source": "engine" | "scheduler" | "synthetic", "scheduler_class": "...",
-     "config": {... vLLM's names, as in a scenario, async_scheduling included ...},
-     "settings": {... every engine-scope setting of reference/settings.py ...},
-     "notes": {...}}
-
-then, in the order they happened, the events that came from outside the scheduler and the
-decisions it made::
-
-    {"event": "add_request", "request_id", "prompt_len", "max_tokens", "priority",
-     "arrival_time", "settings"?,          (request-scope settings, only when set)
-     "block_hashes"?}                      (prefix caching: the prompt's full blocks)
-    {"event": "abort", "request_id"}
-    {"event": "step", "step", "num_scheduled_tokens", "scheduled_spec_tokens", "preempted",
-     "finished", ...}                      (a step record, docs/design.md §4.2)
-    {"event": "model_output", "step", "num_sampled": {id: n}, "stopped": {id: n},
-     "block_hashes"?: {id: [...]}}         (prefix caching: the hashes each request gained)
-    {"event": "draft_proposals", "num_drafts": {id: n}}
-
-and last ``{"event": "end", "steps": N}``: a trace without it was cut short. Only
-budget-relevant fields are kept: no token ids, no prompts. Prefix caching's hits are
-reproduced from vLLM's own block hashes (``Request.block_hashes``, as hex): only their
-equality matters, so they carry no token content. A file named ``*.gz`` is read through
-gzip (a burst of thousands of arrivals compresses well).
-
-Version 2 differs in two places: it carries no block hashes (a version-2 trace recorded
-with prefix caching is read but not replayed), and its header's ``settings`` lack those
-added since (read at the value the reference assumes). Version 1 differs from version 2
-in three: the header holds ``async_scheduling`` and ``enable_prefix_caching`` as top-level
-flags and no ``settings`` (a version-1 trace is read with every other setting at the value
-the reference assumes), a model output names neither its step nor natural stops, and
-``add_request`` carries no settings.
+Beyond each line's schema the reader checks what takes the whole trace: the end line's
+count, the step a model output answers, and the block hashes against the trace's own
+block size and chain. A version-2 trace recorded with prefix caching holds no block hashes:
+it is read but not replayed.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import ValidationError
+
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
+from dualbudget.spec.releases import release_of
 
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
-from .prefix_cache import HitRule
-from .scenario import (
-    Acceptance,
-    RequestSpec,
-    Scenario,
-    ScenarioError,
-    config_to_json,
-    parse_config,
-    validate,
-)
-from .settings import (
-    ENGINE_SETTINGS,
-    REQUEST_SETTINGS,
-    Json,
-    assumed_request_settings,
-    assumed_settings,
-)
-from .token_ids import segment
+from .scenario import config_to_json
+from .schemas import first_error
+from .settings import Json, assumed_request_settings, assumed_settings
+from .trace_schema import FORMAT, VERSIONS, AddRequestLineV2, EndLine, HeaderV1, line_adapter
 
-FORMAT = "dualbudget-trace"
-VERSION = 3
+VERSION = max(VERSIONS)
 """The version written."""
-READS = (1, 2, 3)
+READS = tuple(VERSIONS)
 """The versions read."""
 HASHES_FROM = 3
 """The first version that carries block hashes (prefix caching replays from it on)."""
-ENGINE_SETTINGS_OF_VERSION_2 = (
-    "enable_prefix_caching",
-    "max_num_active_seqs",
-    "watermark",
-    "scheduler_reserve_full_isl",
-    "long_prefill_token_threshold_adaptive",
-    "prefill_schedule_interval",
-    "num_speculative_tokens_per_batch_size",
-    "num_nextn_predict_layers",
-    "kv_cache_groups",
-    "enable_lora",
-)
-"""The engine-scope settings a version-2 header holds, every one of them; the others are
-read at the value the reference assumes."""
-SOURCES = ("engine", "scheduler", "synthetic")
 
 Entry = Event | StepRecord
 
@@ -273,193 +226,97 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"trace {name!r}: cannot read: {reason}") from None
     except UnicodeDecodeError:
         raise TraceError(f"trace {name!r}: not a text file") from None
-    objects = _json_lines(name, lines)
-    header = _header(name, next(objects, None))
+    if not lines:
+        raise TraceError(f"trace {name!r}: empty")
+    header = _header(name, lines[0])
+    read_line = line_adapter(header.version).validate_json
     entries: list[Entry] = []
     request_settings: dict[str, dict[str, Json]] = {}
     # Before version 3 a prefix-cached trace holds no hashes: read, but never replayed.
     hashed = header.enable_prefix_caching and header.version >= HASHES_FROM
     chain = _HashChain(name, header.config.block_size, hashed, _hash_lookahead(header))
     steps = 0
-    for lineno, obj in objects:
-        kind = obj.get("event")
-        if kind == "end":
-            if obj.get("steps") != steps:
-                raise TraceError(
-                    f"trace {name!r} line {lineno}: end says {obj.get('steps')!r} steps,"
-                    f" the trace holds {steps}"
-                )
-            if next(objects, None) is not None:
+    for lineno, text in enumerate(lines[1:], start=2):
+        where = f"trace {name!r} line {lineno}"
+        if not text.strip():
+            raise TraceError(f"{where}: empty line")
+        try:
+            line = read_line(text)
+        except ValidationError as err:
+            field_path, message = first_error(err)
+            if message == "unknown key" and header.version < VERSION:
+                message += f" in a version-{header.version} trace"
+            raise TraceError(f"{where}: {': '.join(filter(None, (field_path, message)))}") from None
+        if isinstance(line, EndLine):
+            if line.steps != steps:
+                raise TraceError(f"{where}: end says {line.steps} steps, the trace holds {steps}")
+            if lineno != len(lines):
                 raise TraceError(f"trace {name!r}: lines after the end line")
             return Trace(name, header, tuple(entries), request_settings)
-        entry = _entry(name, lineno, obj, header.version, steps)
+        entry = line.entry()
+        if isinstance(entry, ModelOutput) and entry.step is not None and entry.step >= steps:
+            raise TraceError(
+                f"{where}: model_output.step: must name a step already recorded"
+                f" (0..{steps - 1}), got {entry.step}"
+            )
         chain.check(lineno, entry)
         steps += isinstance(entry, StepRecord)
-        if isinstance(entry, AddRequest) and "settings" in obj:
-            if header.version < 2:
-                raise TraceError(f"trace {name!r} line {lineno}: settings need version 2")
-            request_settings[entry.request_id] = _settings(
-                name, f"line {lineno}: settings", obj["settings"], REQUEST_SETTINGS, ()
-            )
+        if isinstance(line, AddRequestLineV2) and line.settings is not None:
+            request_settings[line.request_id] = line.settings.model_dump(exclude_unset=True)
         entries.append(entry)
     raise TraceError(f"trace {name!r}: truncated: no end line after {len(lines)} lines")
 
 
-def _json_lines(name: str, lines: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise TraceError(f"trace {name!r} line {lineno}: empty line")
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise TraceError(f"trace {name!r} line {lineno}: corrupt JSON: {err.msg}") from None
-        if not isinstance(obj, dict):
-            raise TraceError(f"trace {name!r} line {lineno}: not a JSON object")
-        yield lineno, obj
-
-
-def _header(name: str, first: tuple[int, dict[str, Any]] | None) -> TraceHeader:
-    if first is None:
-        raise TraceError(f"trace {name!r}: empty")
-    _, obj = first
-    if obj.get("format") != FORMAT:
-        raise TraceError(f"trace {name!r}: not a {FORMAT} file (format {obj.get('format')!r})")
+def _header(name: str, text: str) -> TraceHeader:
+    """The header line: its format and version say which schema reads the rest of it."""
+    if not text.strip():
+        raise TraceError(f"trace {name!r} line 1: empty line")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceError(f"trace {name!r} line 1: corrupt JSON: {err.msg}") from None
+    found = obj.get("format") if isinstance(obj, dict) else None
+    if found != FORMAT:
+        raise TraceError(f"trace {name!r}: not a {FORMAT} file (format {found!r})")
     version = obj.get("version")
-    if version not in READS or isinstance(version, bool):
+    known = VERSIONS.get(version) if type(version) is int else None
+    if known is None:
         raise TraceError(
             f"trace {name!r}: {FORMAT} version {version!r}, this reads versions"
             f" {', '.join(map(str, READS[:-1]))} and {READS[-1]} only"
         )
-    source = obj.get("source")
-    if source not in SOURCES:
-        raise TraceError(f"trace {name!r}: source {source!r} is not one of {SOURCES}")
-    vllm_version = obj.get("vllm_version")
-    if not isinstance(vllm_version, str):
-        raise TraceError(f"trace {name!r}: header.vllm_version must be a string")
     try:
-        config = parse_config(obj.get("config"))
-    except ScenarioError as err:
-        raise TraceError(f"trace {name!r}: header.{err}") from None
-    if version == 1:
+        read = known.header.model_validate(obj)
+    except ValidationError as err:
+        raise TraceError(f"trace {name!r}: {': '.join(first_error(err, 'header'))}") from None
+    config = read.config.engine_config()
+    settings = assumed_settings()
+    if isinstance(read, HeaderV1):
         # Version 1 kept these two as top-level flags and recorded no other setting.
-        settings = assumed_settings()
-        settings["enable_prefix_caching"] = _flag(name, obj, "enable_prefix_caching")
-        config = replace(config, async_scheduling=_flag(name, obj, "async_scheduling"))
+        settings["enable_prefix_caching"] = read.enable_prefix_caching
+        config = replace(config, async_scheduling=read.async_scheduling)
     else:
-        in_config = isinstance(obj.get("config"), dict) and "enable_prefix_caching" in obj["config"]
-        if "async_scheduling" in obj or "enable_prefix_caching" in obj or in_config:
-            raise TraceError(
-                f"trace {name!r}: version 2 keeps async_scheduling in header.config and"
-                " enable_prefix_caching in header.settings, and so does every later version"
-            )
-        required = ENGINE_SETTINGS if version > 2 else ENGINE_SETTINGS_OF_VERSION_2
-        given = _settings(name, "header.settings", obj.get("settings"), ENGINE_SETTINGS, required)
-        settings = {**assumed_settings(), **given}
-        settings["enable_prefix_caching"] = _flag(
-            name, settings, "enable_prefix_caching", "header.settings"
-        )
-    config = replace(config, enable_prefix_caching=bool(settings["enable_prefix_caching"]))
-    notes = obj.get("notes", {})
+        settings.update(read.settings.model_dump())
     return TraceHeader(
-        vllm_version=vllm_version,
-        source=source,
-        config=config,
-        scheduler_class=str(obj.get("scheduler_class", "")),
+        vllm_version=read.vllm_version,
+        source=read.source,
+        config=replace(config, enable_prefix_caching=bool(settings["enable_prefix_caching"])),
+        scheduler_class=read.scheduler_class,
         settings=settings,
-        notes=notes if isinstance(notes, dict) else {},
+        notes=dict(read.notes),
         version=version,
     )
 
 
-def _settings(
-    name: str, where: str, value: object, names: tuple[str, ...], required: tuple[str, ...]
-) -> dict[str, Json]:
-    """A ``settings`` object: known names only, and every ``required`` one of them."""
-    if not isinstance(value, dict):
-        raise TraceError(f"trace {name!r}: {where} must be an object, got {value!r}")
-    unknown = sorted(set(value) - set(names))
-    if unknown:
-        raise TraceError(f"trace {name!r}: {where}: unknown setting {unknown[0]!r}")
-    missing = [key for key in required if key not in value]
-    if missing:
-        raise TraceError(f"trace {name!r}: {where}: missing setting {missing[0]!r}")
-    return dict(value)
-
-
-def _flag(name: str, obj: dict[str, Any], key: str, where: str = "header") -> bool:
-    value = obj.get(key)
-    if not isinstance(value, bool):
-        raise TraceError(f"trace {name!r}: {where}.{key} must be true or false, got {value!r}")
-    return value
-
-
-def _counts(name: str, lineno: int, value: object, key: str) -> dict[str, int]:
-    if not isinstance(value, dict) or not all(
-        isinstance(n, int) and not isinstance(n, bool) for n in value.values()
-    ):
-        raise TraceError(f"trace {name!r} line {lineno}: {key} must map ids to integers")
-    return {str(k): int(v) for k, v in value.items()}
-
-
-def _model_output(
-    name: str, lineno: int, obj: dict[str, Any], version: int, steps: int
-) -> ModelOutput:
-    sampled = _counts(name, lineno, obj["num_sampled"], "num_sampled")
-    if version < 2:
-        return ModelOutput(sampled)
-    step = obj["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < steps:
-        raise TraceError(
-            f"trace {name!r} line {lineno}: model_output.step must name a step already"
-            f" recorded (0..{steps - 1}), got {step!r}"
-        )
-    stopped = _counts(name, lineno, obj["stopped"], "stopped")
-    for rid, kept in stopped.items():
-        if not 1 <= kept <= sampled.get(rid, 0):
-            raise TraceError(
-                f"trace {name!r} line {lineno}: stopped[{rid!r}] must be in"
-                f" 1..num_sampled ({sampled.get(rid, 0)}), got {kept}"
-            )
-    gained: dict[str, tuple[str, ...]] = {}
-    if "block_hashes" in obj:
-        where = "model_output.block_hashes"
-        value = _since(name, lineno, obj["block_hashes"], where, version)
-        if not isinstance(value, dict):
-            raise TraceError(f"trace {name!r} line {lineno}: {where} must map ids to lists")
-        gained = {
-            str(rid): _hashes(name, lineno, h, f"{where}[{rid!r}]") for rid, h in value.items()
-        }
-    return ModelOutput(sampled, stopped, step, block_hashes=gained)
-
-
-def _since(name: str, lineno: int, value: object, where: str, version: int) -> object:
-    if version < HASHES_FROM:
-        raise TraceError(f"trace {name!r} line {lineno}: {where} needs version {HASHES_FROM}")
-    return value
-
-
-def _hashes(name: str, lineno: int, value: object, where: str) -> tuple[str, ...]:
-    """Block hashes as the trace holds them: vLLM's, as hex strings (opaque: only their
-    equality matters)."""
-    if not isinstance(value, list) or not all(
-        isinstance(h, str) and h and all(c in _HEX for c in h) for h in value
-    ):
-        raise TraceError(f"trace {name!r} line {lineno}: {where} must be a list of hex strings")
-    return tuple(value)
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
 def _hash_lookahead(header: TraceHeader) -> int:
     """The tokens past each block its hash covers in the vLLM that recorded the trace
-    (0.33's lookahead hashes for EAGLE-style drafters: each hash made that much later)."""
-    if header.settings.get("disable_lookahead_block_hashes"):
+    (0.33's lookahead hashes for EAGLE-style drafters: each hash made that much later);
+    0 for a release without a record, which replay refuses by name."""
+    release = release_of(header.vllm_version)
+    if release is None or header.settings.get("disable_lookahead_block_hashes"):
         return 0
     spec = header.config.speculative_config
-    release = ".".join(header.vllm_version.split(".")[:2])
-    rule = HitRule.of(release, None if spec is None else spec.method)
-    return rule.num_hash_lookahead_tokens
+    return release.num_hash_lookahead_tokens(None if spec is None else spec.method)
 
 
 class _HashChain:
@@ -531,134 +388,3 @@ class _HashChain:
                     f" request {seen[2]!r}: a shared hash whose preceding hashes differ"
                 )
             held.append(block_hash)
-
-
-def _entry(name: str, lineno: int, obj: dict[str, Any], version: int, steps: int) -> Entry:
-    kind = obj.get("event")
-    try:
-        if kind == "add_request":
-            hashes = None
-            if "block_hashes" in obj:
-                where = "add_request.block_hashes"
-                value = _since(name, lineno, obj["block_hashes"], where, version)
-                hashes = _hashes(name, lineno, value, where)
-            return AddRequest(
-                request_id=str(obj["request_id"]),
-                prompt_len=int(obj["prompt_len"]),
-                max_tokens=int(obj["max_tokens"]),
-                priority=int(obj.get("priority", 0)),
-                arrival_time=float(obj.get("arrival_time", 0.0)),
-                block_hashes=hashes,
-            )
-        if kind == "abort":
-            return Abort(str(obj["request_id"]))
-        if kind == "model_output":
-            return _model_output(name, lineno, obj, version, steps)
-        if kind == "draft_proposals":
-            return DraftProposals(_counts(name, lineno, obj["num_drafts"], "num_drafts"))
-        if kind == "step":
-            return StepRecord(
-                step=int(obj["step"]),
-                num_scheduled_tokens=_counts(
-                    name, lineno, obj["num_scheduled_tokens"], "num_scheduled_tokens"
-                ),
-                scheduled_spec_tokens=_counts(
-                    name, lineno, obj.get("scheduled_spec_tokens", {}), "scheduled_spec_tokens"
-                ),
-                preempted=[str(r) for r in obj.get("preempted", [])],
-                finished=[str(r) for r in obj.get("finished", [])],
-                target_tokens=int(obj.get("target_tokens", 0)),
-                draft_rows=int(obj.get("draft_rows", 0)),
-                budgets_left=dict(obj.get("budgets_left", {})),
-            )
-    except (KeyError, TypeError, ValueError) as err:
-        raise TraceError(f"trace {name!r} line {lineno}: bad {kind} event: {err}") from None
-    raise TraceError(f"trace {name!r} line {lineno}: unknown event {kind!r}")
-
-
-def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
-    """A what-if workload from a recorded trace: its config, its requests arriving at the
-    steps they arrived (aborts likewise), and the acceptance it measured.
-
-    Acceptance is kept as empirical per-position rates (position ``j`` accepted given
-    ``j-1`` was), not as a per-step table: under another profile the same step schedules
-    other requests, so only the rates carry over. The simulated drafter proposes ``K``
-    every step; a decode step after the recorded drafter proposed nothing counts as a
-    rejection at position 0, and padded placeholders (which no target accepts) as
-    rejections, so the rates fold in how often real drafts were there. What does not
-    carry over is the verify width: a step the trace ran at width 1 is simulated at
-    ``1 + K``, so step counts of a what-if are model results, not replays.
-
-    A prefix-cached trace (version 3) keeps what its prompts shared: each request gets
-    prompt ids made from its recorded block hashes (``prompt_ids_from_hashes``), so two
-    prompts share a block in the what-if exactly where vLLM found them sharing one. Its
-    outputs are the simulation's own ids, so a later turn's blocks over an earlier reply
-    are shared no more.
-    """
-    arrivals: dict[str, tuple[AddRequest, int]] = {}
-    aborts: dict[str, int] = {}
-    reached: list[int] = []
-    accepted: list[int] = []
-    steps = 0
-    # The drafts each step verified, by step: under async an output answers an earlier step.
-    spec_of: dict[int, dict[str, int]] = {}
-    last = -1
-    proposed_none: set[str] = set()
-    for entry in trace.entries:
-        if isinstance(entry, StepRecord):
-            steps += 1
-            last = entry.step
-            spec_of[last] = entry.scheduled_spec_tokens
-        elif isinstance(entry, AddRequest):
-            arrivals[entry.request_id] = (entry, steps)
-        elif isinstance(entry, Abort):
-            aborts.setdefault(entry.request_id, steps)
-        elif isinstance(entry, DraftProposals):
-            proposed_none = {rid for rid, n in entry.num_drafts.items() if n == 0}
-        elif isinstance(entry, ModelOutput):
-            spec = spec_of.get(last if entry.step is None else entry.step, {})
-            for rid, sampled in entry.num_sampled.items():
-                drafts = spec.get(rid, 0)
-                if sampled <= 0 or (drafts <= 0 and rid not in proposed_none):
-                    continue
-                # A decode step after the drafter proposed nothing (n-gram without a
-                # match) counts as a rejection at the first position: the simulation
-                # proposes K every step, so the trace's silence must lower the rates.
-                drafts = max(drafts, 1)
-                taken = sampled - 1
-                while len(reached) < drafts:
-                    reached.append(0)
-                    accepted.append(0)
-                for position in range(min(taken + 1, drafts)):
-                    reached[position] += 1
-                    accepted[position] += position < taken
-    if not arrivals:
-        raise TraceError(f"trace {trace.path!r}: holds no request to simulate")
-    rates = tuple(a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True))
-    block_size = trace.header.config.block_size
-    requests = tuple(
-        RequestSpec(
-            id=rid,
-            prompt_len=event.prompt_len,
-            max_tokens=event.max_tokens,
-            arrival_step=step,
-            priority=event.priority,
-            abort_step=max(aborts[rid], step) if rid in aborts else None,
-            prompt_token_ids=None
-            if event.block_hashes is None
-            else prompt_ids_from_hashes(rid, event.prompt_len, event.block_hashes, block_size),
-        )
-        for rid, (event, step) in arrivals.items()
-    )
-    acceptance = Acceptance(fixed=None, per_position=rates, seed=seed)
-    return validate(Scenario(profile, trace.header.config, requests, acceptance))
-
-
-def prompt_ids_from_hashes(
-    request_id: str, prompt_len: int, block_hashes: Sequence[str], block_size: int
-) -> tuple[int, ...]:
-    """Prompt ids that share a block with another prompt's exactly where their recorded
-    hashes are equal: each hashed block the ids of its hash, the rest the request's own.
-    Because a hash stands for its whole prefix, equal ids chain back to equal hashes."""
-    ids = [i for h in block_hashes for i in segment(f"block:{h}", block_size)]
-    return (*ids, *segment(f"tail:{request_id}", prompt_len - len(ids)))

@@ -18,7 +18,6 @@ generator converts: ``p_j = a_j / a_(j-1)``.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import functools
 import itertools
@@ -290,6 +289,11 @@ PRESETS: dict[str, Workload] = {
 }
 
 
+DEFAULT_WORKLOAD = "dspark-bench"
+"""The preset ``dualbudget simulate`` and ``dualbudget diff`` run when given no workload,
+scenario or trace."""
+
+
 def preset(name: str) -> Workload:
     try:
         return PRESETS[name]
@@ -297,13 +301,26 @@ def preset(name: str) -> Workload:
         raise WorkloadError(f"unknown workload {name!r} (known: {', '.join(PRESETS)})") from None
 
 
-def command(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class WorkloadOptions:
+    """One ``dualbudget workload NAME`` run; the command line fills it from its flags."""
+
+    name: str
+    """A preset of ``PRESETS``."""
+    seed: int = 0
+    profile: str | None = None
+    """None: the preset's own profile."""
+    out: str | None = None
+    """The file the scenario goes to; None: standard output."""
+
+
+def write_workload(options: WorkloadOptions) -> int:
     """``dualbudget workload NAME``: the preset's scenario JSON, for ``schedule`` and
     the recording scripts."""
-    scenario = preset(args.name).scenario(args.seed, args.profile)
+    scenario = preset(options.name).scenario(options.seed, options.profile)
     text = json.dumps(scenario_to_json(scenario), indent=1) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
+    if options.out:
+        Path(options.out).write_text(text)
     else:
         sys.stdout.write(text)
     return 0

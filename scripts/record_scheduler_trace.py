@@ -1,7 +1,7 @@
 """Record the live vLLM scheduler driven by a workload preset as a ``scheduler`` trace.
 
     .venv-vllm-0.33/bin/python scripts/record_scheduler_trace.py dspark-bench \\
-        tests/data/traces/scheduler-dspark-bench.ndjson.gz --max-steps 300
+        dualbudget/traces/scheduler-dspark-bench.ndjson.gz --max-steps 300
 
 The preset's arrivals, per-position acceptance and draft proposals drive vLLM's own
 ``Scheduler`` (of the recording class) on CPU; the trace header names the vLLM version and
@@ -15,7 +15,7 @@ a step stop there (EOS or a stop token) with probability ``P``, at a token drawn
 ones it sampled; ``--num-gpu-blocks N`` shrinks the KV pool so that requests preempt::
 
     .venv-vllm-0.32/bin/python scripts/record_scheduler_trace.py chat-poisson \
-        tests/data/traces/scheduler-async-0.32-chat-poisson.ndjson.gz --max-steps 300 \
+        dualbudget/traces/scheduler-async-0.32-chat-poisson.ndjson.gz --max-steps 300 \
         --async-scheduling --stop-rate 0.03 --num-gpu-blocks 130
 """
 

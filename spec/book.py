@@ -45,9 +45,6 @@ class StepBook:
     def grant(self, need: Num) -> Num:
         return self.policy.grant(self.params, self.ledger, need)
 
-    def is_scheduled(self, request_id: str) -> bool:
-        return request_id in self.charges
-
     @property
     def count(self) -> int:
         """How many requests hold a charge in this step."""

@@ -15,17 +15,9 @@ from dataclasses import dataclass
 
 from .errors import BadInput
 from .methods import MethodLayout, layout_for
+from .releases import Release
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
-ASYNC_SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "dspark")
-"""The drafters every release's ``VllmConfig`` lets ``async_scheduling`` run with under
-model runner V1 (the runner the live adapter builds every method but DSpark with)."""
-ASYNC_RUNNER_V2_METHODS: dict[str, tuple[str, ...]] = {"0.32": (), "0.33": ("ngram",)}
-"""Per release, the further drafters it runs async only under model runner V2, and only
-without ``parallel_drafting`` (V2 refuses that but for DFlash/DSpark, and V1 refuses these
-drafters async). vLLM 0.33 confines its async exceptions to V1, and V2 is its default
-runner, so async is ngram's default there; 0.32 refuses async ngram under any runner.
-Suffix is refused async by every release."""
 
 
 class ConfigError(BadInput):
@@ -170,21 +162,19 @@ def check_engine_config(config: EngineConfig) -> None:
             raise ConfigError("speculative_config.method", str(err)) from None
 
 
-def runs_async(spec: SpeculativeConfig, release: str) -> bool:
-    """Whether vLLM ``release`` lets ``spec``'s drafter run with ``async_scheduling``."""
-    if spec.method in ASYNC_SPECULATIVE_METHODS:
-        return True
-    return spec.method in ASYNC_RUNNER_V2_METHODS.get(release, ()) and not spec.parallel_drafting
+def runs_async(spec: SpeculativeConfig, release: Release) -> bool:
+    """Whether ``release`` lets ``spec``'s drafter run with ``async_scheduling``."""
+    return release.runs_async(spec.method, spec.parallel_drafting)
 
 
-def check_async_scheduling(config: EngineConfig, release: str) -> None:
-    """Raise ConfigError where vLLM ``release``'s ``VllmConfig`` fails explicit async
+def check_async_scheduling(config: EngineConfig, release: Release) -> None:
+    """Raise ConfigError where ``release``'s ``VllmConfig`` fails explicit async
     scheduling with the config's drafter (the one home of that rule)."""
     spec = config.speculative_config
     if config.async_scheduling and spec is not None and not runs_async(spec, release):
         drafting = " with parallel_drafting" if spec.parallel_drafting else ""
         raise ConfigError(
             "async_scheduling",
-            f"vLLM {release} refuses async scheduling with {spec.method!r}{drafting}"
+            f"vLLM {release.version} refuses async scheduling with {spec.method!r}{drafting}"
             " speculative decoding",
         )

@@ -4,7 +4,7 @@
 Each predicate is written over ``arith`` and returns a condition (a bool, or a z3 term in
 a proof), so that the proofs' obligations and the reference's per-step check evaluate the
 same function: C1 ``nonnegative``, C2 ``conserved``, C3 ``buffer_peak_ok``, C4
-``empty_step_progress`` (and ``one_token_fits``, its converse), C5
+``empty_step_progress`` and ``no_stall`` (and ``one_token_fits``, its converse), C5
 ``one_more_token_fits``, C6 ``dominates``. ``step_violations`` evaluates the safety items
 C1-C3 on a finished concrete step and says which broke; C4-C6 speak of what a step could
 have done, so only the proofs (and the tests) evaluate them.
@@ -68,6 +68,16 @@ def empty_step_progress(book: StepBook, need: Num) -> Cond:
         ite(book.exhausted(), False, True),
         book.grant(need) >= 1,
     )
+
+
+def no_stall(book: StepBook, need: Num) -> Cond:
+    """C4 progress, within a step: a book that is not exhausted, asked for a request the
+    step may still take (fewer than ``max_active_requests`` scheduled) that needs ``need
+    >= 1`` tokens, grants it between one and ``need`` of them. So a step ends only where
+    ``exhausted`` or the request cap says so, never on a grant of 0 (vLLM asserts
+    ``num_new_tokens > 0`` once its stop checks pass)."""
+    granted = book.grant(need)
+    return all_of(granted >= 1, granted <= need)
 
 
 def one_token_fits(p: StepParams) -> Cond:

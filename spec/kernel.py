@@ -8,7 +8,8 @@ those three questions cost more than everything else the reference does for a re
 So the reference runs their formulas instead. ``StepBook``'s own ``exhausted``,
 ``grant``, ``schedule`` and ``preempt`` (and through them the policy's methods, ``room``
 among them), run on z3 symbols as the proofs run them, are translated ahead of time into
-Python templates, one per policy and method layout, the config numbers left as slots
+Python templates, one per policy, method layout and the release's columns there (the
+only numbers of a release the book's formulas read), the config numbers left as slots
 (``proofs/compile_book.py``); they are stored in the generated module ``compiled_book``,
 so no reference run imports z3. ``compile_kernel`` fills in one config's numbers and
 compiles the template (under a millisecond). Nothing is restated by hand, and that each
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compiled_book import TEMPLATES
-from .policies import POLICIES, Policy, StepParams
+from .methods import MethodLayout
+from .policies import POLICY_TYPES, Policy, StepParams
 
 # The symbols the kernel's functions take, in the book's vocabulary.
 TOKEN_BUDGET, INPUT_BUDGET, NEED, Q = "token_budget", "input_budget", "need", "q"
@@ -110,12 +112,25 @@ class NoCompiledBook(ValueError):
     """A policy the generated module holds no template for (only the spec's own)."""
 
 
+TemplateKey = tuple[str, str, str, str]
+"""(policy name, layout name, the release's slots there, its lookahead there)."""
+
+
+def template_key(policy: Policy, layout: MethodLayout) -> TemplateKey:
+    """The key of ``policy``'s template on ``layout``: a release enters the book's
+    formulas only through its two columns, so releases that agree there share one."""
+    release = policy.release
+    slots, lookahead = release.slots[layout.name], release.lookahead[layout.name]
+    return (policy.name, layout.name, slots.label, lookahead.label)
+
+
 def _template(policy: Policy, p: StepParams) -> str:
     """The stored template of the spec's ``policy`` on ``p``'s layout."""
-    template = TEMPLATES.get((policy.name, p.layout.name))
-    if template is None or POLICIES.get(policy.name) is not policy:
+    template = TEMPLATES.get(template_key(policy, p.layout))
+    if template is None or POLICY_TYPES.get(policy.name) is not type(policy):
         raise NoCompiledBook(
-            f"no compiled book for policy {policy.name!r} ({type(policy).__name__}) on layout"
-            f" {p.layout.name!r}: only the spec's policies are compiled (proofs/compile_book.py)"
+            f"no compiled book for policy {policy!r} on layout {p.layout.name!r}: only the"
+            " spec's policies on its profiles' release columns are compiled"
+            " (proofs/compile_book.py)"
         )
     return template

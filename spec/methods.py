@@ -2,29 +2,23 @@
 
 For a request scheduled with ``q`` target tokens, the drafter's forward reads
 ``C(q) = carries_target_rows * q + draft_extra(K)`` rows of the model runner's input
-buffer, ``K`` being ``num_speculative_tokens``. Beside the true cost, the table keeps two
-numbers vLLM derives per method, per release, since the policies of those releases are
-written in them:
+buffer, ``K`` being ``num_speculative_tokens``. That true cost is the same in every
+release. The two numbers vLLM derives per method and release, since the policies of
+those releases are written in them, are columns of each release's record
+(``spec.releases``): ``max_num_new_slots_for_drafting`` and ``num_lookahead_tokens``.
 
-- ``max_num_new_slots_for_drafting`` (``slots``): the rows vLLM's budget adds per
-  scheduled request on top of its target tokens;
-- ``num_lookahead_tokens``: KV slots reserved past the scheduled tokens, and in 0.33 the
-  per-request divisor of the DFlash/DSpark admission cap.
-
-This table is this project's reading of vLLM 0.32.0 and 0.33.0. It is a parameter of the
-spec: when upstream disagrees, one row changes, and ``tests`` re-read it from the
+This table is this project's reading of the vLLM releases it knows. It is a parameter of
+the spec: when upstream disagrees, one row changes, and ``tests`` re-read it from the
 installed vLLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .arith import Num
 from .errors import BadInput
 
-VLLM_VERSIONS = ("0.32", "0.33")
 DSPARK_LAYOUTS = ("anchor", "fill-in")
 
 
@@ -37,6 +31,14 @@ class PerK:
 
     def at(self, k: Num) -> Num:
         return self.per_k * k + self.const
+
+    @property
+    def label(self) -> str:
+        """The value as written in the design's table: ``0``, ``1``, ``K-1``, ``2K+1``."""
+        if not self.per_k:
+            return str(self.const)
+        k = "K" if self.per_k == 1 else f"{self.per_k}K"
+        return k + (f"{self.const:+d}" if self.const else "")
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,6 @@ class MethodLayout:
     """``e`` in ``C(q) = e*q + f(K)``: 1 when the draft input repeats the target rows."""
     draft_extra: PerK
     """``f(K)``: draft input rows added on top of the carried target rows."""
-    slots: Mapping[str, PerK]
-    """vLLM's ``max_num_new_slots_for_drafting``, per vLLM version."""
-    lookahead: Mapping[str, PerK]
-    """vLLM's ``num_lookahead_tokens``, per vLLM version."""
     why: str
     """Where the draft rows come from."""
 
@@ -78,18 +76,6 @@ class MethodLayout:
         """``C(q)``: draft input rows of one request scheduled with ``q`` target tokens."""
         return self.carries_target_rows * q + self.draft_extra.at(k)
 
-    def draft_slots(self, version: str, k: Num) -> Num:
-        """vLLM's ``max_num_new_slots_for_drafting`` for this row in ``version``."""
-        return self.slots[version].at(k)
-
-    def num_lookahead_tokens(self, version: str, k: Num) -> Num:
-        """vLLM's ``num_lookahead_tokens`` for this row in ``version``."""
-        return self.lookahead[version].at(k)
-
-
-def _same(value: PerK) -> dict[str, PerK]:
-    return {version: value for version in VLLM_VERSIONS}
-
 
 ZERO = PerK(0, 0)
 K = PerK(1, 0)
@@ -105,8 +91,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         None,
         0,
         ZERO,
-        _same(ZERO),
-        _same(ZERO),
         "no draft model, so no draft forward",
     ),
     MethodLayout(
@@ -116,8 +100,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         None,
         0,
         ZERO,
-        _same(K_MINUS_1),
-        _same(ZERO),
         "no draft model, so no draft forward; vLLM still reserves the parallel-drafting slots",
     ),
     MethodLayout(
@@ -127,8 +109,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         None,
         1,
         ZERO,
-        _same(ZERO),
-        _same(K),
         "shifted input: the target rows but the first, plus the bonus token as anchor",
     ),
     MethodLayout(
@@ -138,8 +118,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         None,
         1,
         K_MINUS_1,
-        _same(K_MINUS_1),
-        _same(K),
         "shifted input plus K-1 mask rows",
     ),
     MethodLayout(
@@ -149,8 +127,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         None,
         1,
         ONE,
-        _same(ONE),
-        _same(K),
         "unshifted input keeps one extra token",
     ),
     MethodLayout(
@@ -160,8 +136,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         None,
         1,
         K,
-        _same(K),
-        _same(K),
         "unshifted input plus K mask rows",
     ),
     MethodLayout(
@@ -171,8 +145,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         None,
         0,
         K_PLUS_1,
-        {"0.32": K, "0.33": ZERO},
-        _same(K_PLUS_1),
         "separate query pass: bonus token plus K masks, no target rows",
     ),
     MethodLayout(
@@ -182,8 +154,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         "anchor",
         0,
         K,
-        {"0.32": K_MINUS_1, "0.33": ZERO},
-        _same(K),
         "separate query pass whose anchor is the first prediction",
     ),
     MethodLayout(
@@ -193,8 +163,6 @@ LAYOUTS: tuple[MethodLayout, ...] = (
         "fill-in",
         0,
         K_PLUS_1,
-        {"0.32": K_MINUS_1, "0.33": ZERO},
-        _same(K_PLUS_1),
         "separate query pass laid out as DFlash's",
     ),
 )
@@ -206,8 +174,6 @@ NO_SPECULATION = MethodLayout(
     None,
     0,
     ZERO,
-    _same(ZERO),
-    _same(ZERO),
     "speculative decoding off: no draft forward",
 )
 """The row a config without ``speculative_config`` takes; not a layout of the table."""

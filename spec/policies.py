@@ -16,11 +16,14 @@ The two budgets, in vLLM's names:
 
 - ``token_budget``: target tokens (the target forward's rows) still schedulable;
 - ``input_budget``: rows of the model runner's input buffer of ``max_num_batched_tokens``
-  rows still free. vLLM 0.32/0.33 charge it ``q + max_num_new_slots_for_drafting``; the
+  rows still free. vLLM's releases charge it ``q + max_num_new_slots_for_drafting``; the
   dual policy charges it the true draft input rows ``C(q)``, since the target forward's
   rows are already bounded by ``token_budget <= max_num_batched_tokens``.
 
-Every method is written over ``arith`` so that it runs on ints and on z3 terms alike.
+A policy runs on one release (``spec.releases``): the numbers vLLM derives per method
+(its slots and lookahead columns) and its config-time admission rules are the release's,
+the budget rule is the policy's. Every method is written over ``arith`` so that it runs
+on ints and on z3 terms alike.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from .arith import Cond, Num, all_of, any_of, floordiv, imax, imin, ite
 from .config import ConfigError, EngineConfig, check_async_scheduling
 from .methods import NO_SPECULATION, MethodLayout
+from .releases import Release
 
 
 @dataclass(frozen=True)
@@ -86,19 +90,24 @@ class AdmissionRule:
 
 
 class Policy:
-    """A budget policy. Subclasses override the methods whose rule differs."""
+    """A budget policy on one release. Subclasses override the methods whose rule differs."""
 
     name: str = ""
-    tables: str = ""
-    """The vLLM release whose method tables (slots, lookahead) the policy reads."""
+
+    def __init__(self, release: Release) -> None:
+        self.release = release
+        """The release whose columns (slots, lookahead) and config checks the policy reads."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.release.version!r})"
 
     # -- derived numbers -------------------------------------------------------------
     def draft_slots(self, p: StepParams) -> Num:
-        """vLLM's ``max_num_new_slots_for_drafting`` in this policy's tables."""
-        return p.layout.draft_slots(self.tables, p.num_speculative_tokens)
+        """vLLM's ``max_num_new_slots_for_drafting`` in this policy's release."""
+        return self.release.draft_slots(p.layout, p.num_speculative_tokens)
 
     def num_lookahead_tokens(self, p: StepParams) -> Num:
-        return p.layout.num_lookahead_tokens(self.tables, p.num_speculative_tokens)
+        return self.release.num_lookahead_tokens(p.layout, p.num_speculative_tokens)
 
     # -- the ledger ------------------------------------------------------------------
     def open(self, p: StepParams) -> Ledger:
@@ -123,6 +132,11 @@ class Policy:
         return Ledger(ledger.token_budget + charge.tokens, ledger.input_budget + charge.rows)
 
     # -- admission -------------------------------------------------------------------
+    @property
+    def caps_own_pass_admission(self) -> bool:
+        """Whether ``max_active_requests`` applies the release's DFlash/DSpark cap."""
+        return False
+
     def max_active_requests(self, p: StepParams) -> Num:
         """How many requests may be running at once (vLLM's ``max_num_active_seqs``)."""
         return p.max_num_seqs
@@ -135,22 +149,26 @@ class Policy:
 
     def validate(self, config: EngineConfig) -> None:
         """Raise ConfigError with vLLM's reason when this policy refuses ``config``: the
-        async check of the release whose ``tables`` it reads, then its admission rules."""
-        check_async_scheduling(config, self.tables)
+        async check of its release, then its admission rules."""
+        check_async_scheduling(config, self.release)
         for rule in self.admission_rules(StepParams.of(config)):
             if not rule.holds:
                 raise ConfigError(rule.field, rule.reason)
 
 
 class Additive(Policy):
-    """vLLM 0.32: one input budget; each request costs its target tokens plus ``slots``.
+    """vLLM's own budget: one input budget; each request costs its target tokens plus
+    ``slots``.
 
     Mirrors ``Scheduler.schedule``: the loops stop once ``input_budget <= slots``, and a
-    request gets at most ``min(token_budget, input_budget - slots)`` tokens.
+    request gets at most ``min(token_budget, input_budget - slots)`` tokens. Admission is
+    ``VllmConfig._set_max_num_scheduled_tokens``'s, which depends on the release: with
+    ``caps_own_pass_admission`` it checks ``max_num_batched_tokens`` against
+    ``num_lookahead_tokens`` and caps the running requests of DFlash and DSpark at
+    ``max_num_batched_tokens // num_lookahead_tokens``; without it, against the slots.
     """
 
     name = "additive"
-    tables = "0.32"
 
     def room(self, p: StepParams, ledger: Ledger) -> Num:
         return imin(ledger.token_budget, ledger.input_budget - self.draft_slots(p))
@@ -162,44 +180,30 @@ class Additive(Policy):
     def charge(self, p: StepParams, q: Num) -> Charge:
         return Charge(q, q + self.draft_slots(p))
 
-    def admission_rules(self, p: StepParams) -> list[AdmissionRule]:
-        slots = self.draft_slots(p)
-        # vLLM VllmConfig._set_max_num_scheduled_tokens
-        return [
-            AdmissionRule(
-                "max_num_batched_tokens",
-                p.max_num_batched_tokens > slots,
-                "VllmConfig does not have enough slots to schedule a token and support the"
-                f" speculative decoding settings (max_num_batched_tokens must exceed"
-                f" max_num_new_slots_for_drafting={slots})",
-            )
-        ]
-
-
-class StaticCap(Additive):
-    """vLLM 0.33: the additive budget with 0.33's slots (DFlash/DSpark reserve none),
-    and DFlash/DSpark admission capped at ``max_num_batched_tokens // num_lookahead_tokens``.
-    """
-
-    name = "static-cap"
-    tables = "0.33"
+    @property
+    def caps_own_pass_admission(self) -> bool:
+        return self.release.caps_own_pass_admission
 
     def max_active_requests(self, p: StepParams) -> Num:
-        if not p.layout.drafts_in_own_pass:
+        if not (self.caps_own_pass_admission and p.layout.drafts_in_own_pass):
             return p.max_num_seqs
         # vLLM VllmConfig._set_max_num_scheduled_tokens overrides max_num_active_seqs
         draft_seqs = floordiv(p.max_num_batched_tokens, self.num_lookahead_tokens(p))
         return imin(p.max_num_seqs, draft_seqs)
 
     def admission_rules(self, p: StepParams) -> list[AdmissionRule]:
-        lookahead = self.num_lookahead_tokens(p)
+        # vLLM VllmConfig._set_max_num_scheduled_tokens
+        if self.caps_own_pass_admission:
+            bound, name = self.num_lookahead_tokens(p), "num_lookahead_tokens"
+        else:
+            bound, name = self.draft_slots(p), "max_num_new_slots_for_drafting"
         return [
             AdmissionRule(
                 "max_num_batched_tokens",
-                p.max_num_batched_tokens > lookahead,
+                p.max_num_batched_tokens > bound,
                 "VllmConfig does not have enough slots to schedule a token and support the"
                 f" speculative decoding settings (max_num_batched_tokens must exceed"
-                f" num_lookahead_tokens={lookahead})",
+                f" {name}={bound})",
             )
         ]
 
@@ -210,7 +214,6 @@ class GlobalReserve(Policy):
     """
 
     name = "global-reserve"
-    tables = "0.32"
 
     def reserved_target_cap(self, p: StepParams) -> Num:
         reserve = p.max_num_seqs * self.draft_slots(p)
@@ -241,7 +244,6 @@ class Dual(Policy):
     """Separate budgets: target tokens against ``S``, true draft input rows against ``B``."""
 
     name = "dual"
-    tables = "0.33"
 
     def open(self, p: StepParams) -> Ledger:
         target_budget = imin(p.max_num_scheduled_tokens, p.max_num_batched_tokens)
@@ -286,7 +288,7 @@ class SplitDraftBudget(Dual):
 
 
 class SeparateQueryBudget(Additive):
-    """vLLM 0.32's additive budget, except for the layouts whose drafter runs a query pass
+    """vLLM's additive budget, except for the layouts whose drafter runs a query pass
     of its own rows (``query_rows`` not None): those charge a fixed number of query rows
     per request to a separate draft-input budget of ``max_num_batched_tokens`` rows, and
     only ``q`` to the target stage.
@@ -297,7 +299,7 @@ class SeparateQueryBudget(Additive):
     ``input_budget`` the separate draft-input budget. A request fits while the draft
     budget holds its query rows; its rows do not grow with ``q``, so it then gets the
     whole target budget. Preemption refunds both (``StepBook.preempt``). Admission stays
-    vLLM 0.32's config check, ``max_num_batched_tokens > max_num_new_slots_for_drafting``.
+    the release's config check (``Additive.admission_rules``).
     """
 
     def query_rows(self, p: StepParams) -> Num | None:
@@ -333,7 +335,7 @@ class SeparateQueryBudget(Additive):
 class DsparkQueryBudget(SeparateQueryBudget):
     """vllm-project/vllm#52996 (open proposal): DSpark only, ``K`` query rows per request
     from the separate draft-input budget, whatever its ``dspark_layout``; every other
-    method keeps 0.32's additive charge. The thread's own cases (B = 16, K = 4): two
+    method keeps the release's additive charge. The thread's own cases (B = 16, K = 4): two
     8-token prefills get 8 each, five 1-token requests admit four
     (``tests/test_upstream_profiles.py`` runs both through the reference).
     """
@@ -361,15 +363,8 @@ class QueryBudget(DsparkQueryBudget):
         return super().query_rows(p)
 
 
-POLICIES: dict[str, Policy] = {
+POLICY_TYPES: dict[str, type[Policy]] = {
     policy.name: policy
-    for policy in (
-        GlobalReserve(),
-        Additive(),
-        StaticCap(),
-        Dual(),
-        SplitDraftBudget(),
-        DsparkQueryBudget(),
-        QueryBudget(),
-    )
+    for policy in (GlobalReserve, Additive, Dual, SplitDraftBudget, DsparkQueryBudget, QueryBudget)
 }
+"""The budget policies by name; each runs on the release its profile names."""

@@ -1,80 +1,47 @@
-"""The scenario format (``dualbudget-scenario``, version 1): its keys and its writer.
+"""The scenario format (``dualbudget-scenario``, version 1): its name, version and writer.
 
 A scenario is what ``dualbudget schedule`` runs, what the proofs write as witnesses and
-what the fuzzer writes on a divergence (docs/reference.md describes it). The reference
-reads it (``reference/scenario.py`` checks every key named here) and writes it; the
-proofs, which may not import the reference, write their witnesses with the same writer.
-So the shape has this one home; the writer takes plain values and the spec's config.
+what the fuzzer writes on a divergence (docs/design.md §4.1 describes it). The reference
+reads it against its schema (``reference/scenario.py``, the home of every key) and writes
+it with this writer, which the proofs, which may not import the reference, use for their
+witnesses too; it takes plain values and the spec's config.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
-from .config import EngineConfig
+from .config import EngineConfig, SpeculativeConfig
 
 FORMAT = "dualbudget-scenario"
 VERSION = 1
 
-SCENARIO_REQUIRED = frozenset({"profile", "config", "requests"})
-SCENARIO_OPTIONAL = frozenset({"format", "version", "acceptance", "drafts", "stops"})
-CONFIG_INTS = (
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "max_model_len",
-    "block_size",
-    "num_gpu_blocks",
-)
-"""The config's required keys, every one an integer."""
-CONFIG_OPTIONAL = frozenset(
-    {
-        "enable_chunked_prefill",
-        "long_prefill_token_threshold",
-        "scheduling_policy",
-        "max_num_scheduled_tokens",
-        "speculative_config",
-        "async_scheduling",
-        "enable_prefix_caching",
-    }
-)
-SPECULATIVE_REQUIRED = frozenset({"method", "num_speculative_tokens"})
-SPECULATIVE_OPTIONAL = frozenset({"parallel_drafting", "dspark_layout"})
-REQUEST_REQUIRED = frozenset({"id", "prompt_len", "max_tokens"})
-REQUEST_OPTIONAL = frozenset({"arrival_step", "priority", "abort_step", "prompt_token_ids"})
-ACCEPTANCE_KINDS = ("fixed", "per_position", "explicit")
-"""Exactly one of these keys makes an ``acceptance`` object (``per_position`` with a
-``seed``)."""
-DRAFTS_KINDS = ("fixed", "explicit")
-
 
 def config_to_json(config: EngineConfig) -> dict[str, Any]:
-    """The ``config`` object, in vLLM's names: every key written, defaults included, but
-    ``max_num_scheduled_tokens`` only when set, ``speculative_config``,
-    ``async_scheduling`` and ``enable_prefix_caching`` only when on (so that every file
-    written before they existed reads as before)."""
-    out: dict[str, Any] = {name: getattr(config, name) for name in CONFIG_INTS}
-    out.update(
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-        scheduling_policy=config.scheduling_policy,
-    )
-    if config.max_num_scheduled_tokens is not None:
-        out["max_num_scheduled_tokens"] = config.max_num_scheduled_tokens
-    spec = config.speculative_config
-    if spec is not None:
-        speculative: dict[str, Any] = {
-            "method": spec.method,
-            "num_speculative_tokens": spec.num_speculative_tokens,
-            "parallel_drafting": spec.parallel_drafting,
-        }
-        if spec.dspark_layout is not None:
-            speculative["dspark_layout"] = spec.dspark_layout
-        out["speculative_config"] = speculative
-    if config.async_scheduling:
-        out["async_scheduling"] = True
-    if config.enable_prefix_caching:
-        out["enable_prefix_caching"] = True
+    """The ``config`` object, in vLLM's names: every field of ``EngineConfig`` in its order,
+    defaults included, but one whose default is None or False only when set (so that every
+    file written before ``max_num_scheduled_tokens``, ``async_scheduling`` and
+    ``enable_prefix_caching`` existed reads as before)."""
+    out: dict[str, Any] = {}
+    for item in fields(config):
+        value = getattr(config, item.name)
+        if (item.default is None or item.default is False) and value is item.default:
+            continue
+        out[item.name] = speculative_to_json(value) if item.name == "speculative_config" else value
+    return out
+
+
+def speculative_to_json(spec: SpeculativeConfig) -> dict[str, Any]:
+    """The ``speculative_config`` object; ``dspark_layout`` only when set."""
+    out: dict[str, Any] = {
+        "method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "parallel_drafting": spec.parallel_drafting,
+    }
+    if spec.dspark_layout is not None:
+        out["dspark_layout"] = spec.dspark_layout
     return out
 
 

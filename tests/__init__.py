@@ -1,1 +1,1 @@
-"""dualbudget.tests."""
+"""The test suite; not part of the distribution."""

@@ -18,7 +18,7 @@ from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import PREEMPTED
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUTS, MethodLayout
-from dualbudget.tests.test_async_reference import CASES, Case
+from tests.test_async_reference import CASES, Case
 
 pytestmark = pytest.mark.live
 
@@ -151,12 +151,14 @@ def test_a_planted_stale_output_bug_is_caught_by_the_fuzz(
     assert result.divergences[0].kind == "decision"
 
 
-def test_a_scheduler_class_of_ones_own_runs_async_with_its_overrides(profile: str) -> None:
+def test_a_scheduler_class_of_ones_own_runs_async_with_its_overrides(
+    profile: str, scheduler_plugin: str
+) -> None:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     from dualbudget.integration.live import LiveScheduler, scheduler_class
 
-    plugin = scheduler_class("dualbudget.tests.scheduler_plugin:OneAtATime")
+    plugin = scheduler_class(scheduler_plugin)
     live = LiveScheduler(CASES[0].config, scheduler_cls=plugin)
     assert isinstance(live.scheduler, AsyncScheduler) and isinstance(live.scheduler, plugin)
     assert live.scheduler.max_num_active_reqs == 1

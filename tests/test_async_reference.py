@@ -13,16 +13,18 @@ from typing import Any
 
 import pytest
 
+from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
     Event,
+    InvalidEvent,
     ModelOutput,
     ScheduleStep,
 )
 from dualbudget.reference.scenario import parse_scenario
-from dualbudget.reference.scheduler import InvalidEvent, Scheduler
+from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import FINISHED_LENGTH, FINISHED_STOPPED
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
@@ -239,7 +241,7 @@ CASES = (
 
 
 def run_case(case: Case, profile: str) -> tuple[list[dict[str, Any]], Scheduler]:
-    scheduler = Scheduler(case.config, profile_named(profile))
+    scheduler = make_scheduler(case.config, profile_named(profile))
     decisions = []
     for event in case.events:
         record = scheduler.handle(event)
@@ -274,8 +276,8 @@ def test_without_the_stale_skip_b_resumes_early(monkeypatch: pytest.MonkeyPatch)
     """The skip is what the expected records pin: a reference that forgets it admits b at
     step 6 with 15 tokens."""
     stale = next(c for c in CASES if c.name == "waiting-loop-skips-stale")
-    scheduler = Scheduler(stale.config, profile_named("vllm-0.33"))
-    decisions = []
+    scheduler = make_scheduler(stale.config, profile_named("vllm-0.33"))
+    decisions: list[dict[str, Any]] = []
     for event in stale.events[:13]:
         if isinstance(event, ScheduleStep) and len(decisions) == 6:
             for request in scheduler.state.requests.values():
@@ -293,7 +295,7 @@ def test_placeholders_resolved_at_a_stop_differ_by_release() -> None:
     events = (AddRequest("r", 4, 20), S, S, out(0, {"r": 1}), S, out(1, {"r": 3}, {"r": 1}))
     left = {}
     for profile in ("vllm-0.32", "vllm-0.33"):
-        scheduler = Scheduler(EAGLE, profile_named(profile))
+        scheduler = make_scheduler(EAGLE, profile_named(profile))
         for event in events:
             scheduler.handle(event)
         left[profile] = scheduler.state.requests["r"].num_output_placeholders
@@ -303,7 +305,7 @@ def test_placeholders_resolved_at_a_stop_differ_by_release() -> None:
 
 def test_stale_output_rolls_nothing_back() -> None:
     stale = next(c for c in CASES if c.name == "stale-output-delivered")
-    scheduler = Scheduler(stale.config, profile_named("vllm-0.32"))
+    scheduler = make_scheduler(stale.config, profile_named("vllm-0.32"))
     for event in stale.events[:13]:  # through the output of step 4
         scheduler.handle(event)
     b = scheduler.state.requests["b"]
@@ -311,7 +313,7 @@ def test_stale_output_rolls_nothing_back() -> None:
 
 
 def test_output_for_a_step_not_in_flight_is_refused() -> None:
-    scheduler = Scheduler(EAGLE, profile_named("vllm-0.33"))
+    scheduler = make_scheduler(EAGLE, profile_named("vllm-0.33"))
     scheduler.handle(AddRequest("r", 4, 5))
     scheduler.handle(S)
     scheduler.handle(out(0, {"r": 1}))
@@ -324,13 +326,13 @@ def test_async_ngram_is_refused_by_0_32_and_accepted_by_0_33() -> None:
     # which refuses parallel drafting (so ngram-parallel stays refused).
     config = replace(EAGLE, speculative_config=SpeculativeConfig("ngram", 2))
     with pytest.raises(ConfigError) as caught:
-        Scheduler(config, profile_named("vllm-0.32"))
+        make_scheduler(config, profile_named("vllm-0.32"))
     assert caught.value.field == "async_scheduling"
     assert "vLLM 0.32 refuses async scheduling with 'ngram'" in caught.value.message
-    assert Scheduler(config, profile_named("vllm-0.33")).config.async_scheduling
+    assert make_scheduler(config, profile_named("vllm-0.33")).config.async_scheduling
     parallel = replace(config, speculative_config=SpeculativeConfig("ngram", 2, True))
     with pytest.raises(ConfigError, match=r"vLLM 0\.33 refuses async scheduling with 'ngram'"):
-        Scheduler(parallel, profile_named("vllm-0.33"))
+        make_scheduler(parallel, profile_named("vllm-0.33"))
 
 
 def _scenario(async_scheduling: bool) -> dict[str, Any]:
@@ -372,7 +374,7 @@ def test_driver_feeds_the_batch_queue_order() -> None:
 def test_driver_writes_back_an_async_run_that_replays_it() -> None:
     scenario = parse_scenario(_scenario(True))
     driver = EventDriver.of(scenario)
-    reference = Scheduler(scenario.config, profile_named(scenario.profile))
+    reference = make_scheduler(scenario.config, profile_named(scenario.profile))
     records = [step.record for step in drive(driver, reference)]
     again = driver.scenario()
     assert again.config.async_scheduling and again.stops == {6: {"2": 2}}

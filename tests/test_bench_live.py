@@ -5,7 +5,6 @@ printed, never asserted. One workload each, to keep the live suite short."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,7 @@ def test_bench_reports_the_rates_it_measured(
     profile = live_profile_name()
     monkeypatch.setattr(commands, "bench_workloads", _only("eagle3"))
     out_file = tmp_path / "bench.json"
-    args = argparse.Namespace(json=str(out_file), repeat=2, profile=None)
-    assert commands.bench(args) == 0
+    assert commands.bench(commands.BenchOptions(json_path=str(out_file), repeat=2)) == 0
     out = json.loads(out_file.read_text())
     assert out["vllm_version"] == installed_vllm_version()
     assert out["profile"] == profile
@@ -57,6 +55,5 @@ def test_bench_stops_at_a_divergence(
     # The other release's profile on DFlash: its first step differs (see the fuzz tests).
     other = {"vllm-0.32": "vllm-0.33", "vllm-0.33": "vllm-0.32"}[live_profile_name()]
     monkeypatch.setattr(commands, "bench_workloads", _only("dflash"))
-    args = argparse.Namespace(json=None, repeat=1, profile=other)
-    assert commands.bench(args) == 1
+    assert commands.bench(commands.BenchOptions(repeat=1, profile=other)) == 1
     assert f"vLLM diverges from the reference {other} at" in capsys.readouterr().err

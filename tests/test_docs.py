@@ -9,8 +9,11 @@
   PATH``, a path into a top-level folder such as ``reference/trace.py``) exists in the
   repository, and every cited section of docs/design.md (``§N``, ``section N``) is one
   of its headings; nothing cites the folder outside the repository;
-- docs/design.md has a row for every layout of the method table and names every field the
-  scenario, step record and trace writers write; every scenario a document shows parses.
+- docs/design.md has a row for every layout of the method table, and its format tables
+  (rendered from the schemas) name every field the scenario, step record and trace writers
+  write; every scenario a document shows parses;
+- its contract map gives every contract item predicates that a proof evaluates and that
+  its unit tests call, obligations, a unit test and a reference test.
 
 Files are found with ``git ls-files`` (tracked, plus untracked files git does not
 ignore), so a new file is checked the day it is added. Each checker is a function of a
@@ -20,6 +23,7 @@ repository, so that the test is seen to fail.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -40,7 +44,7 @@ from dualbudget.reference.events import (
 from dualbudget.reference.scenario import parse_scenario
 from dualbudget.reference.trace import TraceHeader, entry_to_json
 from dualbudget.spec import scenario_format as keys
-from dualbudget.spec.config import EngineConfig
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUT_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -295,6 +299,26 @@ def test_the_contract_is_rendered_where_it_is_stated() -> None:
     assert "| `dspark-fill-in` |" in (REPO / DESIGN).read_text()
 
 
+def test_the_contract_map_ties_every_item_to_its_predicates_proofs_and_tests() -> None:
+    """The table of docs/design.md §2: every item has predicates, obligations, a unit test
+    and a reference test; its unit tests call each of its predicates, and a module of
+    proofs/ evaluates each predicate."""
+    unit = render_docs.module_tests(render_docs.UNIT_TESTS)
+    proofs = "\n".join(path.read_text() for path in sorted((REPO / "proofs").glob("*.py")))
+    for row in render_docs.contract_rows():
+        item = row.item.id
+        assert row.predicates and row.checks and row.unit_tests and row.reference_tests, item
+        called = {
+            node.id
+            for name in row.unit_tests
+            for node in ast.walk(unit[name])
+            if isinstance(node, ast.Name)
+        }
+        assert set(row.predicates) <= called, (item, set(row.predicates) - called)
+        for predicate in row.predicates:
+            assert re.search(rf"\b{predicate}\(", proofs), f"{predicate}: no proof evaluates it"
+
+
 def test_markdown_links_resolve(files: list[str]) -> None:
     problems = link_problems(REPO, files)
     assert not problems, _report(problems)
@@ -352,52 +376,52 @@ def test_design_method_table_has_every_layout() -> None:
 
 
 def test_design_formats_name_every_field_the_code_writes() -> None:
+    # The format tables are rendered from the schemas (a generated block each): what the
+    # writers write must be in them.
     record = StepRecord(0, {}, {}, [], [], 0, 0)
     assert _table_keys(design_section("4.2")) == set(record.to_json())
 
     trace = design_section("4.3")
-    entries = [AddRequest("0", 1, 1), Abort("0"), ModelOutput({}), DraftProposals({}), record]
-    events = {entry_to_json(entry)["event"] for entry in entries} | {"end"}
-    assert set(re.findall(r'\{"event": "([a-z_]+)"\}', trace)) == events
-    header_row = next(line for line in trace.splitlines() if line.startswith("| the header"))
-    config = EngineConfig(16, 4, 64, 16, 64)
-    for key in TraceHeader("0.32.0", "engine", config).to_json():
-        assert f"`{key}`" in header_row, key
-    for key in ("add_request", "model_output", "draft_proposals"):
-        entry = next(e for e in entries if entry_to_json(e)["event"] == key)
-        row = next(line for line in trace.splitlines() if f'"{key}"' in line)
-        for field in set(entry_to_json(entry)) - {"event"}:
-            assert f"`{field}`" in row, (key, field)
+    entries: list[AddRequest | Abort | ModelOutput | DraftProposals] = [
+        AddRequest("0", 1, 1, block_hashes=("ab",)),
+        Abort("0"),
+        ModelOutput({"0": 1}, {}, 0, block_hashes={"0": ("ab",)}),
+        DraftProposals({}),
+    ]
+    written = [
+        TraceHeader("0.32.0", "engine", EngineConfig(16, 4, 64, 16, 64)).to_json(),
+        *(entry_to_json(entry) for entry in entries),
+        {"event": "end", "steps": 0},
+    ]
+    for obj in written:
+        if "event" in obj:
+            heading = json.dumps({"event": obj["event"]})
+            assert f"`{heading}`" in trace, obj["event"]
+        assert set(obj) - {"event"} <= _table_keys(trace), obj
 
-    scenario = design_section("4.1")
-    example = parse_scenario(
-        {
-            "profile": "dual",
-            "config": {
-                **{name: 64 for name in keys.CONFIG_INTS},
-                "speculative_config": {"method": "ngram", "num_speculative_tokens": 1},
-            },
-            "requests": [{"id": "0", "prompt_len": 1, "max_tokens": 1, "abort_step": 1}],
-            "drafts": {"fixed": 0},
-            "stops": {"0": {"0": 1}},
-        }
+    config = EngineConfig(
+        64,
+        4,
+        64,
+        16,
+        64,
+        max_num_scheduled_tokens=8,
+        speculative_config=SpeculativeConfig("dspark", 2, True, "anchor"),
+        async_scheduling=True,
+        enable_prefix_caching=True,
     )
-    written = example.to_json()
-    assert _table_keys(scenario) == set(written) == keys.SCENARIO_REQUIRED | keys.SCENARIO_OPTIONAL
-    for kind, names in (("required", keys.SCENARIO_REQUIRED), ("optional", keys.SCENARIO_OPTIONAL)):
-        marked = set(re.findall(rf"^\| `([a-z_]+)` \| {kind} \|", scenario, re.MULTILINE))
-        assert marked == names, (kind, marked)
-    for name in (
-        *keys.CONFIG_INTS,
-        *keys.CONFIG_OPTIONAL,
-        *keys.SPECULATIVE_REQUIRED,
-        *keys.SPECULATIVE_OPTIONAL,
-        *keys.REQUEST_REQUIRED,
-        *keys.REQUEST_OPTIONAL,
-        *keys.ACCEPTANCE_KINDS,
-        *keys.DRAFTS_KINDS,
-    ):
-        assert name in scenario, name
+    scenario = keys.scenario_json(
+        "dual",
+        config,
+        [keys.request_json("0", 1, 1, abort_step=1, prompt_token_ids=[0])],
+        keys.acceptance_json(per_position=[1.0], seed=1),
+        keys.drafts_json(fixed=0),
+        {0: {"0": 1}},
+    )
+    objects = (scenario, scenario["config"], scenario["config"]["speculative_config"])
+    names = {*(key for obj in objects for key in obj), *scenario["requests"][0]}
+    names |= {*scenario["acceptance"], "fixed", "explicit"}
+    assert names <= _table_keys(design_section("4.1"))
 
 
 # -- the checkers fail when they should ------------------------------------------------

@@ -42,19 +42,19 @@ def _config(layout: str, k: int, budget: int, seqs: int = 1) -> EngineConfig:
 @pytest.mark.parametrize("layout", list(LAYOUT_NAMES))
 @pytest.mark.parametrize("k", KS)
 def test_slots_lookahead_and_budgets_match_the_table(profile, layout: str, k: int) -> None:  # type: ignore[no-untyped-def]
-    version = profile.policy.tables
+    release = profile.release
     row = layout_named(layout)
     config = _config(layout, k, budget=64, seqs=16)
     vllm_config, construction = build_vllm_config(config)
-    where = f"method table row {layout!r} ({version}, K={k}, built {construction.how})"
+    where = f"method table row {layout!r} ({release.version}, K={k}, built {construction.how})"
     spec = vllm_config.speculative_config
-    assert spec.max_num_new_slots_for_drafting == row.draft_slots(version, k), (
+    assert spec.max_num_new_slots_for_drafting == release.draft_slots(row, k), (
         f"{where}: max_num_new_slots_for_drafting: vLLM"
-        f" {spec.max_num_new_slots_for_drafting}, table {row.draft_slots(version, k)}"
+        f" {spec.max_num_new_slots_for_drafting}, table {release.draft_slots(row, k)}"
     )
-    assert vllm_config.num_lookahead_tokens == row.num_lookahead_tokens(version, k), (
+    assert vllm_config.num_lookahead_tokens == release.num_lookahead_tokens(row, k), (
         f"{where}: num_lookahead_tokens: vLLM {vllm_config.num_lookahead_tokens},"
-        f" table {row.num_lookahead_tokens(version, k)}"
+        f" table {release.num_lookahead_tokens(row, k)}"
     )
     p = StepParams.of(config)
     opened = profile.policy.open(p)
@@ -73,9 +73,9 @@ def test_slots_lookahead_and_budgets_match_the_table(profile, layout: str, k: in
 @pytest.mark.parametrize("layout", list(LAYOUT_NAMES))
 @pytest.mark.parametrize("k", (1, 4))
 def test_accept_and_reject_match_the_policy(profile, layout: str, k: int) -> None:  # type: ignore[no-untyped-def]
-    version = profile.policy.tables
+    release = profile.release
     row = layout_named(layout)
-    edges = {row.draft_slots(version, k), row.num_lookahead_tokens(version, k)}
+    edges = {release.draft_slots(row, k), release.num_lookahead_tokens(row, k)}
     budgets = sorted({b + d for b in edges for d in (-1, 0, 1) if b + d >= 1})
     for budget in budgets:
         config = _config(layout, k, budget)
@@ -90,8 +90,8 @@ def test_accept_and_reject_match_the_policy(profile, layout: str, k: int) -> Non
         except Unsupported as err:
             observed = f"refuses ({err.reason})"
         assert expected.split()[0] == observed.split()[0], (
-            f"method table row {layout!r} ({version}, K={k}), max_num_batched_tokens={budget}:"
-            f" vLLM {observed}, {profile.name} {expected}"
+            f"method table row {layout!r} ({release.version}, K={k}),"
+            f" max_num_batched_tokens={budget}: vLLM {observed}, {profile.name} {expected}"
         )
 
 
@@ -133,7 +133,7 @@ def test_ngram_parallel_drafting_with_b_at_most_k_minus_1(profile) -> None:  # t
         num_gpu_blocks=64,
         speculative_config=SpeculativeConfig("ngram", 3, True),
     )
-    if profile.policy.tables == "0.32":
+    if not profile.release.caps_own_pass_admission:  # B checked against the slots
         with pytest.raises(Unsupported):
             build_vllm_config(config)
         return

@@ -4,15 +4,28 @@ known findings come from the proofs' manifest, and one example count serves both
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from dualbudget import check as check_module
 from dualbudget import fuzz_cli
-from dualbudget.cli import FUZZ_EXAMPLES, FUZZ_TOP_UP_ROUNDS, build_parser, main
+from dualbudget.cli import build_parser, main, options_from
 from dualbudget.integration import commands
+from dualbudget.integration.commands import FUZZ_EXAMPLES, FUZZ_TOP_UP_ROUNDS
+from dualbudget.proofs.commands import ProveOptions
 from dualbudget.proofs.manifest import expected_findings
+
+
+def recorder(seen: list[Any]) -> Callable[[Any], int]:
+    """A stand-in stage: keeps the options it is called with, exit code 0."""
+
+    def stage(options: Any) -> int:
+        seen.append(options)
+        return 0
+
+    return stage
 
 
 def test_the_known_findings_are_the_manifests_per_step_ones() -> None:
@@ -28,17 +41,23 @@ def test_fuzz_and_check_share_one_example_count() -> None:
     assert parser.parse_args(["check"]).fuzz_examples == FUZZ_EXAMPLES
     assert parser.parse_args(["fuzz"]).top_up_rounds == FUZZ_TOP_UP_ROUNDS
     assert parser.parse_args(["check"]).top_up_rounds == FUZZ_TOP_UP_ROUNDS
+    assert check_module.CheckOptions().fuzz_examples == FUZZ_EXAMPLES
+    assert check_module.CheckOptions().top_up_rounds == FUZZ_TOP_UP_ROUNDS
 
 
 def test_every_fuzz_flag_reaches_the_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[commands.FuzzOptions] = []
-    monkeypatch.setattr(commands, "run_fuzz_stage", lambda options: seen.append(options) or 0)
+    monkeypatch.setattr(commands, "run_fuzz_stage", recorder(seen))
     monkeypatch.setattr(fuzz_cli, "check_scheduler_cls", lambda path: None)
     argv = ["fuzz", "--examples", "9", "--seed", "4", "--jobs", "3", "--profile", "vllm-0.33"]
     argv += ["--max-seconds", "7", "--json", "f.json", "--out-dir", "d", "--layout", "ngram"]
     argv += ["--no-coverage-gate", "--scheduler-cls", "my.Scheduler", "--top-up-rounds", "0"]
     assert main(argv) == 0
-    [options] = seen
+    assert main(["fuzz", "--replay", "s.json", "--profile", "dual"]) == 0
+    options, replay = seen
+    assert replay == commands.FuzzOptions(
+        known_findings=fuzz_cli.known_findings(), replay="s.json", profile="dual"
+    )
     assert options == commands.FuzzOptions(
         examples=9,
         seed=4,
@@ -56,22 +75,24 @@ def test_every_fuzz_flag_reaches_the_stage(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_every_check_flag_reaches_the_stages(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(check_module, "run_check", lambda **kw: seen.update(kw) or 0)
+    seen: list[check_module.CheckOptions] = []
+    monkeypatch.setattr(check_module, "check", recorder(seen))
     argv = ["check", "--fuzz-examples", "5", "--fuzz-seconds", "9", "--seed", "2"]
     argv += ["--json", "c.json", "--out-dir", "d", "--jobs", "2", "--scheduler-cls", "a:B"]
     argv += ["--top-up-rounds", "3"]
     assert main(argv) == 0
-    assert seen == {
-        "fuzz_examples": 5,
-        "fuzz_seconds": 9.0,
-        "seed": 2,
-        "jobs": 2,
-        "json_path": "c.json",
-        "out_dir": "d",
-        "scheduler_cls": "a:B",
-        "top_up_rounds": 3,
-    }
+    assert seen == [
+        check_module.CheckOptions(
+            fuzz_examples=5,
+            fuzz_seconds=9.0,
+            seed=2,
+            jobs=2,
+            json_path="c.json",
+            out_dir="d",
+            scheduler_cls="a:B",
+            top_up_rounds=3,
+        )
+    ]
 
 
 def test_the_proofs_stage_runs_prove_with_the_parsers_own_defaults(
@@ -79,8 +100,9 @@ def test_the_proofs_stage_runs_prove_with_the_parsers_own_defaults(
 ) -> None:
     from dualbudget.proofs import commands as proofs_commands
 
-    seen: list[Any] = []
-    monkeypatch.setattr(proofs_commands, "prove", lambda args: seen.append(args) or 0)
+    seen: list[ProveOptions] = []
+    monkeypatch.setattr(proofs_commands, "prove", recorder(seen))
     assert check_module.run_proofs() == 0
-    [args] = seen
-    assert args == build_parser().parse_args(["prove"])
+    [options] = seen
+    assert options == ProveOptions()
+    assert options == options_from(build_parser().parse_args(["prove"]), ProveOptions)

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 from dualbudget.cli import main
-from dualbudget.integration.fuzz import AIMS, FuzzResult, run_fuzz
+from dualbudget.integration.aims import AIMS
+from dualbudget.integration.fuzz import run_fuzz
+from dualbudget.integration.outcome import FuzzResult
 from dualbudget.integration.testing import live_profile_name, require_live_vllm
 
 pytestmark = pytest.mark.live
 
 LAYOUTS = ["ngram", "dflash"]
-PLUGIN = "dualbudget.tests.scheduler_plugin:OneAtATime"
 
 
 def _fuzz(tmp_path: Path, jobs: int) -> FuzzResult:
@@ -58,16 +59,16 @@ def test_one_and_two_jobs_give_the_same_run(tmp_path: Path) -> None:
 
 
 def test_a_scheduler_class_of_ones_own_is_checked_in_every_worker(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler_plugin: str
 ) -> None:
     out = tmp_path / "fuzz.json"
-    argv = ["fuzz", "--scheduler-cls", PLUGIN, "--layout", "ngram", "--examples", "8"]
+    argv = ["fuzz", "--scheduler-cls", scheduler_plugin, "--layout", "ngram", "--examples", "8"]
     argv += ["--seed", "1", "--jobs", "2", "--json", str(out), "--out-dir", str(tmp_path)]
     assert main(argv) == 1
     result = json.loads(out.read_text())
     [divergence] = result["divergences"]
     assert divergence["kind"] == "decision" and Path(divergence["scenario"]).exists()
-    assert f"scheduler {PLUGIN}" in capsys.readouterr().out
+    assert f"scheduler {scheduler_plugin}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

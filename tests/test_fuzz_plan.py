@@ -8,17 +8,12 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from dualbudget.integration.fuzz import (
-    AIMS,
-    EVENT_AIMS,
-    FuzzResult,
-    required_events,
-    shares,
-    top_up_units,
-    unit_seed,
-)
-from dualbudget.integration.lockstep import COVERAGE_EVENTS
-from dualbudget.spec.methods import LAYOUT_NAMES, VLLM_VERSIONS
+from dualbudget.integration.aims import AIMS, admitted, aimed_config, reserve
+from dualbudget.integration.coverage import EVENT_NAMES, required_events
+from dualbudget.integration.fuzz import shares, top_up_units, unit_seed
+from dualbudget.integration.outcome import FuzzResult
+from dualbudget.spec.methods import LAYOUT_NAMES
+from dualbudget.spec.releases import RELEASES, release_named
 
 
 @pytest.mark.parametrize("examples", [1, 7, 8, 30, 56, 64, 72, 200, 1001])
@@ -41,9 +36,9 @@ def test_unit_seeds_are_stable_and_distinct() -> None:
 
 
 def test_the_gate_requires_known_events_of_every_fuzzed_layout() -> None:
-    for release in VLLM_VERSIONS:
+    for release in RELEASES.values():
         for layout in LAYOUT_NAMES:
-            assert set(required_events(layout, release)) <= set(COVERAGE_EVENTS)
+            assert set(required_events(layout, release)) <= set(EVENT_NAMES)
 
 
 PREFIX_EVENTS = (
@@ -53,7 +48,9 @@ PREFIX_EVENTS = (
     "hit_on_running_block",
     "resume_rehit",
 )
-"""Issue 12's coverage names, required of every method in CI."""
+"""The prefix-caching coverage names, required of every method in CI."""
+ASYNC_ONLY_EVENTS = ("async_in_flight", "stale_output", "in_flight_max_tokens_skip")
+"""The events only async scheduling reaches."""
 DROPS_LAST_HIT_BLOCK_0_32 = {"eagle", "p-eagle", "dflash", "dspark-anchor", "dspark-fill-in"}
 """vLLM 0.32's ``use_eagle_block_drop`` drafters (eagle, eagle3, mtp, dflash, dspark): a hit
 of n blocks keeps n - 1, so a prompt's hit never reaches num_tokens - 1."""
@@ -68,26 +65,24 @@ def test_every_event_is_required_of_every_layout(release: str, exempt_layouts: s
     # the async-only ones where the release refuses async scheduling: ngram under 0.32,
     # ngram with parallel_drafting under 0.33 (plain ngram runs async there, on V2); and
     # a full prefix hit under 0.32 for the drafters that drop the last hit block.
-    from dualbudget.integration.fuzz import ASYNC_ONLY_EVENTS
-
     for layout in LAYOUT_NAMES:
         exempt: tuple[str, ...] = ASYNC_ONLY_EVENTS if layout in exempt_layouts else ()
         if release == "0.32" and layout in DROPS_LAST_HIT_BLOCK_0_32:
             exempt += ("full_prefix_hit",)
-        expected = tuple(e for e in COVERAGE_EVENTS if e not in exempt)
-        assert required_events(layout, release) == expected, (release, layout)
+        expected = tuple(e for e in EVENT_NAMES if e not in exempt)
+        assert required_events(layout, release_named(release)) == expected, (release, layout)
 
 
 def test_the_prefix_events_are_counted_and_required_of_every_method() -> None:
     from dualbudget.reference.scheduler import PREFIX_OBSERVED
 
     assert PREFIX_OBSERVED == PREFIX_EVENTS  # the scheduler counts the issue's names
-    assert set(PREFIX_EVENTS) <= set(COVERAGE_EVENTS)
-    for release in VLLM_VERSIONS:
+    assert set(PREFIX_EVENTS) <= set(EVENT_NAMES)
+    for release in RELEASES.values():
         for layout in LAYOUT_NAMES:
             required = set(required_events(layout, release))
             missing = set(PREFIX_EVENTS) - required
-            if release == "0.32" and layout in DROPS_LAST_HIT_BLOCK_0_32:
+            if release.version == "0.32" and layout in DROPS_LAST_HIT_BLOCK_0_32:
                 assert missing == {"full_prefix_hit"}, (release, layout)
             else:
                 assert not missing, (release, layout)
@@ -127,11 +122,9 @@ def test_prefix_took_its_part_from_the_others_in_proportion(
 def test_a_lone_config_grants_its_first_request_more_than_the_threshold(
     data: st.DataObject, layout: str
 ) -> None:
-    from dualbudget.integration.machine import _reserve, lone_config
-
     for profile in ("vllm-0.32", "vllm-0.33"):
-        config = data.draw(lone_config(profile, layout))
-        slots, lookahead = _reserve(profile, layout, config.num_speculative_tokens)
+        config = data.draw(aimed_config(AIMS["lone"].configs, profile, layout))
+        slots, lookahead = reserve(profile, layout, config.num_speculative_tokens)
         threshold = config.long_prefill_token_threshold
         assert 1 <= threshold < config.max_model_len - 1
         assert config.max_num_scheduled_tokens is None and config.enable_chunked_prefill
@@ -144,30 +137,17 @@ def test_a_lone_config_grants_its_first_request_more_than_the_threshold(
 def test_a_refund_config_admits_its_batch_where_admission_is_capped(
     data: st.DataObject, layout: str
 ) -> None:
-    from dualbudget.integration.machine import _admitted, refund_config
-
     for profile in ("vllm-0.32", "vllm-0.33"):
-        config = data.draw(refund_config(profile, layout))
+        config = data.draw(aimed_config(AIMS["refund"].configs, profile, layout))
         k, b, seqs = (
             config.num_speculative_tokens,
             config.max_num_batched_tokens,
             config.max_num_seqs,
         )
-        if _admitted(profile, layout, k, 1, 8) < 8:
+        if admitted(profile, layout, k, 1, 8) < 8:
             assert profile == "vllm-0.33" and layout.startswith(("dflash", "dspark"))
             assert config.max_num_scheduled_tokens is not None  # the token budget binds
-            assert _admitted(profile, layout, k, b, seqs) == seqs
-
-
-def test_every_counted_event_has_a_column_in_the_coverage_table() -> None:
-    from dualbudget.integration.commands import SHORT_EVENT_NAMES
-
-    assert set(SHORT_EVENT_NAMES) == set(COVERAGE_EVENTS)
-
-
-def test_every_coverage_event_has_the_aim_a_top_up_reruns() -> None:
-    assert set(EVENT_AIMS) == set(COVERAGE_EVENTS)
-    assert set(EVENT_AIMS.values()) <= set(AIMS)
+            assert admitted(profile, layout, k, b, seqs) == seqs
 
 
 def test_top_up_rounds_have_seeds_of_their_own_and_round_0_is_the_planned_unit() -> None:
@@ -181,7 +161,7 @@ def test_top_up_reruns_the_aims_of_the_events_left_at_zero_in_unit_order() -> No
     layouts = ["dflash", "ngram"]
     result = FuzzResult(profile="vllm-0.32", vllm_version="0.32.0")
     for layout in layouts:
-        result.coverage[layout] = dict.fromkeys(COVERAGE_EVENTS, 1)
+        result.coverage[layout] = dict.fromkeys(EVENT_NAMES, 1)
     assert top_up_units(result, layouts) == []
     result.coverage["ngram"]["bound_after_refund"] = 0
     result.coverage["dflash"]["resume_rehit"] = 0

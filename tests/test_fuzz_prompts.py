@@ -83,7 +83,7 @@ def test_a_scenario_without_prefix_caching_is_written_as_before() -> None:
     [
         ([21, 22], "requests[0].prompt_token_ids: has 2 ids, but prompt_len is 3"),
         ([21, -1, 22], "requests[0].prompt_token_ids[1]: must be >= 0"),
-        ("abc", "requests[0].prompt_token_ids: must be a list of token ids"),
+        ("abc", "requests[0].prompt_token_ids: must be a list, got 'abc'"),
     ],
 )
 def test_bad_prompt_ids_are_refused_by_field(ids: object, message: str) -> None:

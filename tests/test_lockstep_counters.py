@@ -57,8 +57,17 @@ def test_the_callers_draws_are_cut_into_range_and_asked_in_order() -> None:
 
     draws = CallerDraws(k=3)
     asked: list[str] = []
-    draws.accept = lambda rid, real: asked.append(rid) or 9
-    draws.propose = lambda rid: asked.append(rid) or -1
+
+    def accept(rid: str, real_drafts: int) -> int:
+        asked.append(rid)
+        return 9
+
+    def propose(rid: str) -> int:
+        asked.append(rid)
+        return -1
+
+    draws.accept = accept
+    draws.propose = propose
     assert draws.accepted(0, "a", 2) == 2
     assert draws.proposed(0, ["a", "b"]) == {"a": 0, "b": 0}
     draws.propose = lambda rid: 7

@@ -10,16 +10,17 @@ from typing import Any
 import pytest
 
 from dualbudget.integration.testing import live_profile_name
+from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
     Event,
+    InvalidEvent,
     ModelOutput,
     ScheduleStep,
 )
 from dualbudget.reference.scenario import ScenarioError, parse_scenario
-from dualbudget.reference.scheduler import InvalidEvent, Scheduler
 from dualbudget.reference.state import FINISHED_LENGTH, FINISHED_STOPPED
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
@@ -63,7 +64,7 @@ STOP_CASES = [
 def test_natural_stop_finishes_the_request(
     profile: str, max_tokens: int, at: int, status: str, kept: int
 ) -> None:
-    scheduler = Scheduler(EAGLE, profile_named(profile))
+    scheduler = make_scheduler(EAGLE, profile_named(profile))
     records = [r for r in (scheduler.handle(e) for e in _stream(max_tokens, at)) if r]
     request = scheduler.state.requests["r"]
     assert (request.status, request.num_output_tokens) == (status, kept)
@@ -73,7 +74,7 @@ def test_natural_stop_finishes_the_request(
 
 
 def test_a_stop_outside_the_sampled_tokens_is_refused() -> None:
-    scheduler = Scheduler(EAGLE, profile_named("vllm-0.33"))
+    scheduler = make_scheduler(EAGLE, profile_named("vllm-0.33"))
     for event in _stream(20, 2)[:5]:
         scheduler.handle(event)
     for stopped in ({"r": 4}, {"r": 0}, {"x": 1}):

@@ -29,6 +29,7 @@ from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, loa
 from dualbudget.reference.token_ids import segment
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
+from dualbudget.spec.releases import Release
 from tests import prefix_cases
 
 pytestmark = pytest.mark.live
@@ -223,7 +224,7 @@ def _every_block_evictable(self: BlockPool, blocks: Iterable[int]) -> int:
     return len(list(blocks))
 
 
-def _flipped_block_drop(release: str, method: str | None) -> HitRule:
+def _flipped_block_drop(release: Release, method: str | None) -> HitRule:
     rule = _HIT_RULE_OF(release, method)
     return dataclasses.replace(rule, drop_last_block=not rule.drop_last_block)
 

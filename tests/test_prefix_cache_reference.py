@@ -15,6 +15,7 @@ from dualbudget.reference.scheduler import PREFIX_OBSERVED, Scheduler
 from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.profiles import profile_named
+from dualbudget.spec.releases import release_named
 from tests.prefix_cases import CASES, STEP, Case, P, add, config, sample
 
 
@@ -125,13 +126,13 @@ def test_hit_rule_per_release_and_drafter(release: str, method: str | None, rule
     """vLLM 0.32's ``use_eagle_block_drop`` holds for every drafter of ``use_eagle()``;
     0.33 drops for none, and gives the EAGLE-style ones (not DFlash/DSpark) a hash
     lookahead of ``num_prefill_lookahead_tokens`` = 1 instead."""
-    assert HitRule.of(release, method) == rule
+    assert HitRule.of(release_named(release), method) == rule
 
 
 def test_full_hit_blocks_are_a_one_token_request_with_lookahead_hashes() -> None:
     """With 0.33's lookahead a 9-token prompt has (9 - 1) // 4 = 2 hashes, as many as
     without it: the hit of a copy is still 8 tokens."""
-    rule = HitRule.of("0.33", "eagle3")
+    rule = HitRule.of(release_named("0.33"), "eagle3")
     assert rule.num_hashes(9, 4) == 2 and rule.num_hashes(8, 4) == 1
     assert HitRule().num_hashes(8, 4) == 2
 
@@ -209,7 +210,7 @@ def _scheduler(release: str = "0.32", method: str | None = "ngram") -> Scheduler
     ],
 )
 def test_bad_requests_are_refused_by_name(event: AddRequest, message: str) -> None:
-    from dualbudget.reference.scheduler import InvalidEvent
+    from dualbudget.reference.events import InvalidEvent
 
     with pytest.raises(InvalidEvent, match=message) as raised:
         _scheduler().handle(event)
@@ -217,7 +218,7 @@ def test_bad_requests_are_refused_by_name(event: AddRequest, message: str) -> No
 
 
 def test_lookahead_hash_count_is_checked_per_release() -> None:
-    from dualbudget.reference.scheduler import InvalidEvent
+    from dualbudget.reference.events import InvalidEvent
 
     # 0.33 eagle: 8 tokens have one lookahead hash, not two.
     with pytest.raises(InvalidEvent, match="2 block hashes for 8 tokens"):
@@ -235,7 +236,7 @@ def test_lookahead_hash_count_is_checked_per_release() -> None:
     ],
 )
 def test_bad_outputs_are_refused_by_name(output: ModelOutput, message: str) -> None:
-    from dualbudget.reference.scheduler import InvalidEvent
+    from dualbudget.reference.events import InvalidEvent
 
     scheduler = _scheduler()
     scheduler.handle(add("r0", P, 3))
@@ -245,7 +246,7 @@ def test_bad_outputs_are_refused_by_name(output: ModelOutput, message: str) -> N
 
 
 def test_recorded_output_hashes_must_match_the_tokens() -> None:
-    from dualbudget.reference.scheduler import InvalidEvent
+    from dualbudget.reference.events import InvalidEvent
 
     scheduler = _scheduler()
     # Seven tokens: one full block; the sampled token completes a second.

@@ -4,13 +4,13 @@ The bounded encoding unrolls ``model.fcfs_step`` over a queue of up to ``C6_QUEU
 requests; it is no longer a proof, only this cross-check: on every (pair, layout) the
 inductive verdict equals the bounded one. Then: the planted mutant that breaks dominance
 only past 8 requests is killed by the induction and survives the bounded encoding; each
-strengthening of the relation is needed exactly where proofs/README.md says; and the
+strengthening of the relation is needed exactly where proofs/strengthenings.py says
+(the table of proofs/README.md); and the
 lane step ``serve`` is the FCFS loop of ``fcfs_step`` on ints.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
@@ -34,6 +34,7 @@ from dualbudget.proofs.obligations import (
 )
 from dualbudget.proofs.runner import base_subjects, run, subjects_for
 from dualbudget.proofs.solve import decide
+from dualbudget.proofs.strengthenings import NEEDED, SHOWN, needed_for
 from dualbudget.spec.invariants import dominates
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.policies import StepParams
@@ -42,7 +43,7 @@ from dualbudget.spec.profiles import PROFILE_NAMES
 PAIRS = [(hi, lower) for hi in PROFILE_NAMES if (lower := lower_of(hi)) is not None]
 """Every C6 comparison the catalog makes: the chain and its branches."""
 CHAIN_PAIRS = [(hi, lower) for hi in CHAIN if (lower := lower_of(hi)) is not None]
-"""The chain's links, whose strengthenings proofs/README.md tabulates."""
+"""The chain's links, whose strengthenings proofs/strengthenings.py tabulates."""
 MUTANT = "own-pass-cap-eight"
 
 
@@ -106,16 +107,14 @@ def test_prove_shows_every_obligation_inductive(
     assert len(c6) == 2 * len(PAIRS) * len(LAYOUT_NAMES)
     assert all(ob.inductive for ob in catalog())
     out = tmp_path / "prove.json"
-    args = argparse.Namespace(
-        profile=["vllm-0.33"],
-        layout=["dspark-fill-in"],
-        only=["C6"],
-        mutants=False,
-        json=str(out),
-        junit=None,
-        witness_dir=str(tmp_path / "w"),
+    options = commands.ProveOptions(
+        profiles=("vllm-0.33",),
+        layouts=("dspark-fill-in",),
+        contracts=("C6",),
+        json_path=str(out),
+        witness_dir=tmp_path / "w",
     )
-    assert commands.prove(args) == 0
+    assert commands.prove(options) == 0
     text = capsys.readouterr().out
     assert "bounds: none on the proofs" in text and " 0 bounded;" in text
     data = json.loads(out.read_text())
@@ -163,29 +162,24 @@ def test_mutant_violation_is_real_on_nine_requests() -> None:
     assert fcfs_step(mutant, p, [1] * 8).granted == fcfs_step(real, p, [1] * 8).granted
 
 
-# -- which strengthening each pair needs (the table in proofs/README.md) --------------
+# -- which strengthening each pair needs (proofs/strengthenings.py) -------------------
 
 PLAIN = Relation(count_nonnegative=False, tokens_cover_count=False, lower_exhausted=False)
-SLOTS = (
-    "ngram-parallel",
-    "p-eagle",
-    "draft-model",
-    "pard",
-    "dflash",
-    "dspark-anchor",
-    "dspark-fill-in",
-)
-NEEDED: dict[tuple[str, str], set[str]] = {
-    **{("dual", layout): {"count_nonnegative"} for layout in ("p-eagle", "draft-model", "pard")},
-    ("dual", "ngram-parallel"): {"count_nonnegative", "lower_exhausted"},
-    **{
-        ("vllm-0.33", layout): {"count_nonnegative", "tokens_cover_count", "lower_exhausted"}
-        for layout in ("dflash", "dspark-anchor")
-    },
-    **{("vllm-0.32", layout): {"lower_exhausted"} for layout in SLOTS},
-}
-"""(upper profile, layout) -> the strengthenings its induction needs, each of them
-necessary; every other pair holds with the plain relation."""
+
+
+def test_the_strengthening_table_covers_every_link_once() -> None:
+    cells = [(row.upper, layout) for row in NEEDED for layout in row.layouts]
+    assert sorted(cells) == sorted((hi, layout) for hi, _ in CHAIN_PAIRS for layout in LAYOUT_NAMES)
+    assert set(SHOWN) == set(vars(PLAIN))
+    assert all(set(row.strengthenings or ()) <= set(SHOWN) for row in NEEDED)
+    # No relation holds exactly where the manifest expects the link to fail.
+    manifest = load_manifest()
+    for hi, layout in cells:
+        fails = {
+            manifest.expected(f"{hi}/{layout}/C6-{m}-vs-{lower_of(hi)}") == "fails"
+            for m in MEASURES
+        }
+        assert fails == {needed_for(hi, layout).strengthenings is None}, (hi, layout)
 
 
 def _holds(hi: str, layout: str, **on: bool) -> bool:
@@ -196,12 +190,13 @@ def _holds(hi: str, layout: str, **on: bool) -> bool:
 
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
 @pytest.mark.parametrize("hi", [hi for hi, _ in CHAIN_PAIRS])
-def test_each_strengthening_is_needed_where_the_readme_says(hi: str, layout: str) -> None:
-    if (hi, layout) == ("vllm-0.33", "dspark-fill-in"):
+def test_each_strengthening_is_needed_where_the_table_says(hi: str, layout: str) -> None:
+    strengthenings = needed_for(hi, layout).strengthenings
+    if strengthenings is None:
         # Not a relaxation (the manifest's expected failure): no relation can hold.
         assert not _holds(hi, layout, **dict.fromkeys(vars(PLAIN), True))
         return
-    needed = NEEDED.get((hi, layout), set())
+    needed = set(strengthenings)
     assert _holds(hi, layout, **dict.fromkeys(needed, True))
     for dropped in needed:
         assert not _holds(hi, layout, **{name: True for name in needed - {dropped}}), dropped

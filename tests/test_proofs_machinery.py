@@ -3,7 +3,6 @@ failures), the FCFS step on ints, the runner's CLI contract, and the mutants' ki
 
 from __future__ import annotations
 
-import argparse
 import json
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
@@ -23,15 +22,18 @@ from dualbudget.proofs.runner import Outcome, run, select
 from dualbudget.proofs.solve import decide
 from dualbudget.spec.book import StepBook
 from dualbudget.spec.compiled_book import TEMPLATES
+from dualbudget.spec.kernel import template_key
 from dualbudget.spec.methods import layout_named
-from dualbudget.spec.policies import POLICIES, Charge, Ledger, StepParams
+from dualbudget.spec.policies import Charge, Ledger, StepParams
+from dualbudget.spec.profiles import PROFILES
 
 # -- the step book (spec/book.py) on ints ---------------------------------------------
 
 
-def _book(policy: str = "additive", layout: str = "p-eagle") -> StepBook:
+def _book(profile: str = "vllm-0.32", layout: str = "p-eagle") -> StepBook:
     # B = 20, S = 20, max_num_seqs = 4, K = 4: P-EAGLE slots = K-1 = 3.
-    return StepBook.opened(POLICIES[policy], StepParams(20, 20, 4, 4, layout_named(layout)))
+    policy = PROFILES[profile].policy
+    return StepBook.opened(policy, StepParams(20, 20, 4, 4, layout_named(layout)))
 
 
 def test_book_records_and_refunds_exactly_once() -> None:
@@ -65,7 +67,7 @@ def test_fcfs_step_on_ints_is_the_scheduler_loop() -> None:
     # The hand-worked upstream case of test_spec_policies: P-EAGLE, K=4, B=20, slots 3.
     # First: room min(20, 17) = 17, gets 10 (10, 7). Second: room min(10, 4) = 4, gets 4
     # -> (6, 0); 0 <= 3 stops the step.
-    subject = Subject("vllm-0.32", POLICIES["additive"])
+    subject = Subject("vllm-0.32", PROFILES["vllm-0.32"].policy)
     run = fcfs_step(subject, StepParams(20, 20, 16, 4, layout_named("p-eagle")), [10, 10, 10])
     assert run.granted == [10, 4, 0]
     assert run.book.ledger == Ledger(6, 0)
@@ -75,7 +77,7 @@ def test_fcfs_step_on_ints_is_the_scheduler_loop() -> None:
 
 
 def test_fcfs_step_symbolic_agrees_with_ints() -> None:
-    subject = Subject("vllm-0.33", POLICIES["static-cap"])
+    subject = Subject("vllm-0.33", PROFILES["vllm-0.33"].policy)
     b, k = z3.Ints("b k")
     needs = [3, 1, 2]
     p_sym = StepParams(b, b, 4, k, layout_named("dflash"))
@@ -138,31 +140,17 @@ def test_a_verdict_unlike_the_manifest_is_a_mismatch() -> None:
     assert outcome.verdict == "fails" and not outcome.matches
 
 
-def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:
-    base: dict[str, object] = dict(
-        profile=None,
-        layout=None,
-        only=None,
-        mutants=False,
-        json=None,
-        junit=None,
-        witness_dir=str(tmp_path / "w"),
-    )
-    base.update(kw)
-    return argparse.Namespace(**base)
-
-
 def test_prove_cli_json_and_junit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_json, out_xml = tmp_path / "p.json", tmp_path / "p.xml"
-    args = _args(
-        tmp_path,
-        profile=["vllm-0.32"],
-        layout=["dspark-fill-in", "eagle"],
-        only=["C3", "C5"],
-        json=str(out_json),
-        junit=str(out_xml),
+    options = commands.ProveOptions(
+        profiles=("vllm-0.32",),
+        layouts=("dspark-fill-in", "eagle"),
+        contracts=("C3", "C5"),
+        json_path=str(out_json),
+        junit_path=str(out_xml),
+        witness_dir=tmp_path / "w",
     )
-    assert commands.prove(args) == 0
+    assert commands.prove(options) == 0
     text = capsys.readouterr().out
     assert "vllm-0.32       dspark-fill-in  C3       C3" in text
     assert "prove: OK" in text
@@ -266,7 +254,7 @@ def test_the_stored_compiled_book_is_proven_equal_to_the_spec() -> None:
 def test_a_wrong_stored_template_fails_the_compiled_obligation(
     monkeypatch: pytest.MonkeyPatch, planted: Callable[[str], str | None], reason: str
 ) -> None:
-    key = ("additive", "dflash")
+    key = template_key(PROFILES["vllm-0.32"].policy, layout_named("dflash"))
     wrong = planted(TEMPLATES[key])
     assert wrong != TEMPLATES[key]
     stored = {k: v for k, v in TEMPLATES.items() if k != key}

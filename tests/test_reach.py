@@ -59,7 +59,7 @@ def test_each_region_scenario_shows_its_violation_in_the_reference(
     assert REACH_BOX.b[0] <= cfg["B"] <= REACH_BOX.b[1]
     assert REACH_BOX.m[0] <= cfg["max_num_seqs"] <= REACH_BOX.m[1]
     assert cfg["K"] in r.ks
-    shown = replay_reach(r.profile, r.check, r.scenario)
+    shown = replay_reach(r.profile, r.contract, r.check, r.scenario)
     assert shown is not None, f"{name}: the reference does not show it: {r.broken}"
 
 
@@ -94,7 +94,7 @@ def test_reach_rows_name_the_minimal_witness() -> None:
         " max_num_seqs=1 K=1 layout=dspark-fill-in\n  broken: C3: D=2 > B=1"
     )
     assert minimal_witness(table) == "B=1 S=1 max_num_seqs=1 K=1: C3: D=2 > B=1"
-    r = Reach("p/l/C3", "p", "l", "C3")
+    r = Reach("p/l/C3", "p", "l", "C3", "C3")
     rows = reach_rows([r], {"p/l/C3": minimal_witness(table)})
     assert rows[0] == [
         "finding",
@@ -149,7 +149,7 @@ def test_live_vllm_makes_the_reference_decision_on_its_reach_scenarios(
         steps, divergence = run_in_lockstep(parse_scenario(r.scenario), max_steps=1)
         assert divergence is None, f"{r.obligation}: {divergence.report()}"
         assert steps == 1
-        assert replay_reach(r.profile, r.check, r.scenario) is not None
+        assert replay_reach(r.profile, r.contract, r.check, r.scenario) is not None
 
 
 def test_the_design_review_carries_the_reach_table(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from dualbudget.reference.scenario import Scenario
 from dualbudget.reference.violations import ContractViolation
-from dualbudget.tests.test_reference_support import run, scenario
+from tests.test_reference_support import run, scenario
 
 FILL_IN = {"method": "dspark", "num_speculative_tokens": 4, "dspark_layout": "fill-in"}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from dualbudget.tests.test_reference_support import config, first_step
+from tests.test_reference_support import config, first_step
 
 PROMPTS = [10, 10, 10]
 
@@ -43,7 +43,7 @@ CASES = [
     ("vllm-0.32", "dspark-anchor", {"0": 10, "1": 4}, 8, (6, 0)),
     # slots 3 as p-eagle; D = 5 + 5.
     ("vllm-0.32", "dspark-fill-in", {"0": 10, "1": 4}, 10, (6, 0)),
-    # -- vllm-0.33 (static-cap): as 0.32, DFlash/DSpark slots 0 and running cap B // lookahead --
+    # -- vllm-0.33 (additive, capped): as 0.32, DFlash/DSpark slots 0, running cap B // lookahead --
     ("vllm-0.33", "ngram", {"0": 10, "1": 10}, 0, (0, 0)),
     ("vllm-0.33", "ngram-parallel", {"0": 10, "1": 4}, 0, (6, 0)),
     ("vllm-0.33", "eagle", {"0": 10, "1": 10}, 20, (0, 0)),

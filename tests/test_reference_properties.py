@@ -33,7 +33,7 @@ from dualbudget.spec.config import ConfigError, EngineConfig
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import PROFILE_NAMES, profile_named
-from dualbudget.tests.test_reference_support import speculative
+from tests.test_reference_support import speculative
 
 # The pairs the proofs find breaking C3: the reference reports it there, by design.
 UNSOUND = {(profile, layout) for profile, layout, item in expected_findings() if item == "C3"}

@@ -11,14 +11,15 @@ from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
     Event,
+    InvalidEvent,
     ModelOutput,
     ScheduleStep,
     StepRecord,
 )
 from dualbudget.reference.scenario import RequestSpec, parse_scenario, scenario_to_json
-from dualbudget.reference.scheduler import InvalidEvent, Scheduler, UnmirroredVllmCrash
+from dualbudget.reference.scheduler import Scheduler, UnmirroredVllmCrash
 from dualbudget.spec.profiles import profile_named
-from dualbudget.tests.test_reference_support import config, run, scenario
+from tests.test_reference_support import config, run, scenario
 
 
 def cfg(**fields: Any) -> dict[str, Any]:
@@ -242,7 +243,7 @@ def test_priority_self_preemption_stops_in_0_32_and_goes_on_in_0_33(
     # block_size 4, 3 blocks (2 lent). L (priority 5, prompt 3) then H (priority 0, prompt
     # 2, arrives at step 1): one block each. Step 2: L needs a 2nd block for position 5;
     # none is free and L is itself the lowest priority, so it preempts itself.
-    # 0.32 stops the running loop there; 0.33 goes on to H (profiles of no release follow 0.33).
+    # 0.32 stops the running loop there; 0.33 goes on to H (dual runs on 0.33).
     sc = scenario(
         profile,
         cfg(max_model_len=8, block_size=4, num_gpu_blocks=3, scheduling_policy="priority"),
@@ -362,7 +363,7 @@ def test_a_prompt_that_can_never_fit_is_reported_as_a_stall() -> None:
 
 
 def test_transition_is_pure() -> None:
-    from dualbudget.reference.scheduler import transition
+    from dualbudget.reference.async_scheduler import transition
 
     cfg2 = config("eagle", k=2)
     profile = profile_named("vllm-0.33")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dualbudget import TRACES
 from dualbudget.cli import main
 from dualbudget.reference.scenario import Scenario, parse_scenario
 from dualbudget.reference.scheduler import OBSERVED, PREFIX_OBSERVED
@@ -257,7 +258,7 @@ def test_cli_simulate_missing_scenario_exits_2(tmp_path: Path) -> None:
 
 
 SHARED = segment("test-simulate:shared", 8)
-PREFIX_SCENARIO = {
+PREFIX_SCENARIO: dict[str, Any] = {
     # block_size 4, no drafts, a loose budget. r0: 8 shared ids + 1, arrives at step 0;
     # at step 1 r1 (the 8 shared ids + 2 of its own) and r2 (r0's prompt again) arrive.
     # Step 0 schedules r0's 9 prompt tokens and caches its 2 full blocks (the shared ids).
@@ -464,7 +465,7 @@ def test_report_includes_a_fuzz_result_and_flags_vacuous_coverage(tmp_path: Path
 def test_cli_simulate_refuses_a_trace_it_cannot_hit_on(capsys: pytest.CaptureFixture[str]) -> None:
     # A trace's requests carry no token ids: with the cache on, every request would get ids
     # of its own and no hit; refused by name, not simulated with silent zeros.
-    trace = str(Path(__file__).parent / "data" / "traces" / "engine-ngram-k3-fcfs.ndjson")
+    trace = str(TRACES / "engine-ngram-k3-fcfs.ndjson")
     assert main(["simulate", "--trace", trace, "--enable-prefix-caching"]) == 2
     err = capsys.readouterr().err
     assert "--no-enable-prefix-caching" in err and err.count("\n") == 1
@@ -474,7 +475,7 @@ def test_cli_simulate_refuses_a_trace_it_cannot_hit_on(capsys: pytest.CaptureFix
 def test_cli_simulate_a_prefix_cached_trace_hits(tmp_path: Path) -> None:
     # A version-3 trace recorded with prefix caching: its requests get ids from vLLM's
     # block hashes (reference/trace.py), so the what-if hits where vLLM's hashes matched.
-    trace = str(Path(__file__).parent / "data" / "traces" / "engine-draft-model-k3-prefix.ndjson")
+    trace = str(TRACES / "engine-draft-model-k3-prefix.ndjson")
     on, off = tmp_path / "on.json", tmp_path / "off.json"
     argv = ["simulate", "--trace", trace, "--quiet", "--profile", "vllm-0.32"]
     assert main([*argv, "--json", str(on)]) == 0

@@ -26,22 +26,23 @@ from dualbudget.spec.compiled_book import TEMPLATES
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.kernel import NoCompiledBook, compile_kernel
 from dualbudget.spec.methods import LAYOUT_NAMES, NO_SPECULATION, layout_named
-from dualbudget.spec.policies import POLICIES, Additive, Ledger, StepParams
-from dualbudget.spec.profiles import profile_named
+from dualbudget.spec.policies import Additive, Ledger, StepParams
+from dualbudget.spec.profiles import PROFILES, profile_named
+from dualbudget.spec.releases import VLLM_0_33
 
 budgets = st.integers(min_value=-40, max_value=600)
 
 
 @st.composite
 def configs(draw: st.DrawFn) -> tuple[str, StepParams]:
-    policy = draw(st.sampled_from(sorted(POLICIES)))
+    profile = draw(st.sampled_from(sorted(PROFILES)))
     name = draw(st.sampled_from((*LAYOUT_NAMES, NO_SPECULATION.name)))
     layout = NO_SPECULATION if name == NO_SPECULATION.name else layout_named(name)
     b = draw(st.integers(min_value=1, max_value=512))
     s = draw(st.integers(min_value=1, max_value=600))
     m = draw(st.integers(min_value=1, max_value=b))
     k = draw(st.integers(min_value=1, max_value=12))
-    return policy, StepParams(b, s, m, k, layout)
+    return profile, StepParams(b, s, m, k, layout)
 
 
 @settings(max_examples=400, deadline=None)
@@ -50,7 +51,7 @@ def test_the_kernel_answers_what_the_book_answers(
     config: tuple[str, StepParams], token_budget: int, input_budget: int, need: int, q: int
 ) -> None:
     name, p = config
-    policy = POLICIES[name]
+    policy = PROFILES[name].policy
     kernel = compile_kernel(policy, p)
     ledger = Ledger(token_budget, input_budget)
     book = StepBook(policy, p, ledger)
@@ -80,7 +81,7 @@ def test_the_kernel_answers_what_the_book_answers(
 def test_the_kernel_is_the_formula_in_python() -> None:
     # vLLM 0.32 on DFlash, K = 4: 4 draft slots per request.
     kernel = compile_kernel(
-        POLICIES["additive"], StepParams(512, 512, 64, 4, layout_named("dflash"))
+        PROFILES["vllm-0.32"].policy, StepParams(512, 512, 64, 4, layout_named("dflash"))
     )
     assert "input_budget <= ((1 * 4) + 0)" in kernel.source  # K slots, as the table has it
     assert kernel.grant(100, 10, 50) == 6
@@ -91,8 +92,9 @@ def test_the_kernel_is_the_formula_in_python() -> None:
 def test_one_config_compiles_once() -> None:
     p = StepParams(64, 64, 8, 3, layout_named("eagle"))
     again = dataclasses.replace(p)
-    assert compile_kernel(POLICIES["dual"], p) is compile_kernel(POLICIES["dual"], again)
-    assert compile_kernel(POLICIES["dual"], p) is not compile_kernel(POLICIES["additive"], p)
+    dual, additive = PROFILES["dual"].policy, PROFILES["vllm-0.32"].policy
+    assert compile_kernel(dual, p) is compile_kernel(dual, again)
+    assert compile_kernel(dual, p) is not compile_kernel(additive, p)
 
 
 def test_the_stored_templates_are_what_the_compiler_makes_today() -> None:
@@ -110,7 +112,7 @@ class _DividesByTheLedger(Additive):
 
 def test_a_formula_it_cannot_translate_is_refused() -> None:
     with pytest.raises(UntranslatableFormula, match="no translation"):
-        template(_DividesByTheLedger(), layout_named("eagle"))
+        template(_DividesByTheLedger(VLLM_0_33), layout_named("eagle"))
 
 
 class _ReadsAForeignSymbol(Additive):
@@ -120,20 +122,20 @@ class _ReadsAForeignSymbol(Additive):
 
 def test_a_symbol_that_is_not_an_argument_or_a_config_number_is_refused() -> None:
     with pytest.raises(UntranslatableFormula, match="'secret'"):
-        template(_ReadsAForeignSymbol(), layout_named("eagle"))
+        template(_ReadsAForeignSymbol(VLLM_0_33), layout_named("eagle"))
 
 
 def test_a_policy_that_is_not_the_specs_has_no_compiled_book() -> None:
     # The reference runs only what was compiled (and proven) ahead of time.
     p = StepParams(64, 64, 8, 3, layout_named("eagle"))
     with pytest.raises(NoCompiledBook, match="_DividesByTheLedger"):
-        compile_kernel(_DividesByTheLedger(), p)
+        compile_kernel(_DividesByTheLedger(VLLM_0_33), p)
 
 
 def test_a_symbolic_config_is_refused() -> None:
     p = StepParams(64, 64, 8, z3.Int("K"), layout_named("eagle"))
     with pytest.raises(TypeError, match="concrete config"):
-        compile_kernel(POLICIES["additive"], p)
+        compile_kernel(PROFILES["vllm-0.32"].policy, p)
 
 
 def _run(scheduler: Scheduler) -> Any:

@@ -10,9 +10,10 @@ import pytest
 
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES, LAYOUTS, layout_for, layout_named
+from dualbudget.spec.releases import VLLM_0_32, VLLM_0_33
 
 K = 4
-# layout: (C(1), C(5), slots 0.32, slots 0.33, num_lookahead_tokens)
+# layout: (C(1), C(5), slots 0.32, slots 0.33, num_lookahead_tokens in both)
 ROWS = {
     "ngram": (0, 0, 0, 0, 0),
     "ngram-parallel": (0, 0, 3, 3, 0),
@@ -36,10 +37,10 @@ def test_row(name: str) -> None:
     c1, c5, slots_032, slots_033, lookahead = ROWS[name]
     assert layout.draft_rows(1, K) == c1, f"{name}: C(1)"
     assert layout.draft_rows(5, K) == c5, f"{name}: C(5)"
-    assert layout.draft_slots("0.32", K) == slots_032, f"{name}: slots in 0.32"
-    assert layout.draft_slots("0.33", K) == slots_033, f"{name}: slots in 0.33"
-    for version in ("0.32", "0.33"):
-        assert layout.num_lookahead_tokens(version, K) == lookahead, f"{name}: lookahead"
+    assert VLLM_0_32.draft_slots(layout, K) == slots_032, f"{name}: slots in 0.32"
+    assert VLLM_0_33.draft_slots(layout, K) == slots_033, f"{name}: slots in 0.33"
+    for release in (VLLM_0_32, VLLM_0_33):
+        assert release.num_lookahead_tokens(layout, K) == lookahead, f"{name}: lookahead"
 
 
 @pytest.mark.parametrize(

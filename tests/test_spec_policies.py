@@ -1,4 +1,5 @@
-"""The four policies on hand-worked ledgers (B = max_num_batched_tokens, K = 4).
+"""The budget policies, each on its profile's release, on hand-worked ledgers
+(B = max_num_batched_tokens, K = 4).
 
 Each case's arithmetic is in its comment; the numbers are not derived from the code.
 """
@@ -10,16 +11,17 @@ import z3
 
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
-from dualbudget.spec.policies import POLICIES, Ledger, StepParams
+from dualbudget.spec.policies import Ledger, StepParams
+from dualbudget.spec.profiles import PROFILES
 
 
 def params(layout: str, b: int = 20, seqs: int = 4, s: int | None = None) -> StepParams:
     return StepParams(b, b if s is None else s, seqs, 4, layout_named(layout))
 
 
-def schedule(policy_name: str, p: StepParams, needs: list[int]) -> tuple[list[int], Ledger]:
+def schedule(profile: str, p: StepParams, needs: list[int]) -> tuple[list[int], Ledger]:
     """The FCFS greedy step the schedulers run: grant, charge, stop when exhausted."""
-    policy = POLICIES[policy_name]
+    policy = PROFILES[profile].policy
     ledger = policy.open(p)
     granted = []
     for need in needs:
@@ -36,14 +38,14 @@ def schedule(policy_name: str, p: StepParams, needs: list[int]) -> tuple[list[in
 def test_additive_p_eagle_upstream_case() -> None:
     # slots = K-1 = 3. First request: room min(20, 20-3) = 17, gets 10, charged 13 -> (10, 7).
     # Second: room min(10, 7-3) = 4, gets 4, charged 7 -> (6, 0); 0 <= 3 stops the step.
-    granted, ledger = schedule("additive", params("p-eagle", seqs=16), [10, 10, 10])
+    granted, ledger = schedule("vllm-0.32", params("p-eagle", seqs=16), [10, 10, 10])
     assert granted == [10, 4]
     assert ledger == Ledger(6, 0)
 
 
 def test_additive_dflash_reserves_k_slots() -> None:
     # 0.32 DFlash slots = K = 4: room min(20, 16) = 16, gets 10 -> (10, 6); room min(10, 2) = 2.
-    granted, ledger = schedule("additive", params("dflash"), [10, 10])
+    granted, ledger = schedule("vllm-0.32", params("dflash"), [10, 10])
     assert granted == [10, 2]
     assert ledger == Ledger(8, 0)
 
@@ -52,11 +54,11 @@ def test_static_cap_dflash_reserves_nothing_and_caps_admission() -> None:
     # 0.33 DFlash slots = 0: both requests get 10; num_lookahead_tokens = K+1 = 5, so at most
     # 20 // 5 = 4 running requests even with max_num_seqs = 16.
     p = params("dflash", seqs=16)
-    granted, ledger = schedule("static-cap", p, [10, 10])
+    granted, ledger = schedule("vllm-0.33", p, [10, 10])
     assert granted == [10, 10]
     assert ledger == Ledger(0, 0)
-    assert POLICIES["static-cap"].max_active_requests(p) == 4
-    assert POLICIES["static-cap"].max_active_requests(params("eagle", seqs=16)) == 16
+    assert PROFILES["vllm-0.33"].policy.max_active_requests(p) == 4
+    assert PROFILES["vllm-0.33"].policy.max_active_requests(params("eagle", seqs=16)) == 16
 
 
 def test_global_reserve_fixes_the_target_cap() -> None:
@@ -85,7 +87,7 @@ def test_dual_ngram_is_bounded_by_target_tokens_only() -> None:
 
 
 def test_refund_gives_back_exactly_the_charge() -> None:
-    for name, policy in POLICIES.items():
+    for name, policy in ((n, p.policy) for n, p in PROFILES.items()):
         p = params("pard")
         opened = policy.open(p)
         charge = policy.charge(p, 3)
@@ -111,28 +113,31 @@ def config(
 
 
 @pytest.mark.parametrize(
-    ("policy", "method", "rejected_b", "accepted_b"),
+    ("profile", "method", "rejected_b", "accepted_b"),
     [
-        ("additive", "dflash", 4, 5),  # B must exceed slots = K = 4
-        ("additive", "eagle3", 3, 4),  # P-EAGLE slots = K-1 = 3
-        ("static-cap", "dflash", 5, 6),  # B must exceed num_lookahead_tokens = K+1 = 5
-        ("static-cap", "dspark", 4, 5),  # anchor layout: num_lookahead_tokens = K = 4
+        ("vllm-0.32", "dflash", 4, 5),  # B must exceed slots = K = 4
+        ("vllm-0.32", "eagle3", 3, 4),  # P-EAGLE slots = K-1 = 3
+        ("vllm-0.33", "dflash", 5, 6),  # B must exceed num_lookahead_tokens = K+1 = 5
+        ("vllm-0.33", "dspark", 4, 5),  # anchor layout: num_lookahead_tokens = K = 4
         ("dual", "dflash", 4, 5),  # B must hold C(1) = K+1 = 5
         ("dual", "draft_model", 4, 5),  # PARD C(1) = 1 + K = 5
         ("global-reserve", "eagle3", 12, 13),  # S' = B - 4 * 3 must be > 0
     ],
 )
-def test_admission_mirrors_vllm(policy: str, method: str, rejected_b: int, accepted_b: int) -> None:
+def test_admission_mirrors_vllm(
+    profile: str, method: str, rejected_b: int, accepted_b: int
+) -> None:
+    policy = PROFILES[profile].policy
     with pytest.raises(ConfigError, match="max_num_batched_tokens"):
-        POLICIES[policy].validate(config(rejected_b, method, seqs=4))
-    POLICIES[policy].validate(config(accepted_b, method, seqs=4))
+        policy.validate(config(rejected_b, method, seqs=4))
+    policy.validate(config(accepted_b, method, seqs=4))
 
 
 def test_the_same_code_builds_the_proved_formula() -> None:
     # The z3 term the proofs check is the policy code itself: evaluated at a point it
     # agrees with the concrete run.
     b, s, seqs, k, tokens, rows, need = z3.Ints("b s seqs k tokens rows need")
-    for name, policy in POLICIES.items():
+    for name, policy in ((n, p.policy) for n, p in PROFILES.items()):
         for layout in ("eagle", "p-eagle", "dflash", "dspark-fill-in", "pard"):
             symbolic = StepParams(b, s, seqs, k, layout_named(layout))
             concrete = StepParams(23, 19, 3, 5, layout_named(layout))

@@ -16,21 +16,17 @@ from typing import Any
 
 import pytest
 
+from dualbudget import TRACES
+from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
 from dualbudget.reference.replay import profile_for_vllm_version, replay_trace
-from dualbudget.reference.scheduler import PREFIX_OBSERVED, Scheduler
-from dualbudget.reference.trace import (
-    READS,
-    VERSION,
-    TraceHeader,
-    TraceWriter,
-    prompt_ids_from_hashes,
-    read_trace,
-    scenario_from_trace,
-)
+from dualbudget.reference.scheduler import PREFIX_OBSERVED
+from dualbudget.reference.settings import SETTINGS
+from dualbudget.reference.simulate import prompt_ids_from_hashes, scenario_from_trace
+from dualbudget.reference.trace import READS, VERSION, TraceHeader, TraceWriter, read_trace
 from dualbudget.reference.workload import preset
 
-SHIPPED = Path(__file__).parent / "data" / "traces"
+SHIPPED = TRACES
 PREFIX_TRACE = SHIPPED / "engine-draft-model-k3-prefix.ndjson"
 
 
@@ -116,7 +112,7 @@ def test_the_shipped_prefix_trace_replays_with_hits(tmp_path: Path) -> None:
 def test_the_shipped_prefix_trace_holds_every_prefix_caching_event() -> None:
     trace = read_trace(PREFIX_TRACE)
     profile = profile_for_vllm_version(trace.header.vllm_version)
-    scheduler = Scheduler(trace.header.config, profile, check="collect")
+    scheduler = make_scheduler(trace.header.config, profile, check="collect")
     for entry in trace.entries:
         scheduler.handle(ScheduleStep() if isinstance(entry, StepRecord) else entry)
     assert {name: scheduler.observed[name] > 0 for name in PREFIX_OBSERVED} == dict.fromkeys(
@@ -231,8 +227,8 @@ def test_a_shared_hash_after_other_hashes_is_refused(tmp_path: Path, lines: list
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        (lambda o: o.update(block_hashes=["XYZ"]), "must be a list of hex strings"),
-        (lambda o: o.update(block_hashes="ab"), "must be a list of hex strings"),
+        (lambda o: o.update(block_hashes=["XYZ"]), "add_request.block_hashes[0]: must match"),
+        (lambda o: o.update(block_hashes="ab"), "add_request.block_hashes: must be a list"),
         (lambda o: o.pop("block_hashes"), "carries no block_hashes"),
     ],
 )
@@ -253,13 +249,15 @@ def test_hashes_for_a_request_never_added_are_refused(tmp_path: Path, lines: lis
 def as_version_2(lines: list[str]) -> list[str]:
     header = json.loads(lines[0])
     header["version"] = 2
-    for name in ("disable_eagle_block_drop", "disable_lookahead_block_hashes"):
-        del header["settings"][name]
+    for setting in SETTINGS:
+        if setting.recorded_since > 2:
+            del header["settings"][setting.name]
     return [json.dumps(header), *lines[1:]]
 
 
 def test_an_older_trace_carries_no_hashes(tmp_path: Path, lines: list[str]) -> None:
-    assert "block_hashes needs version 3" in refused(tmp_path, as_version_2(lines))
+    stderr = refused(tmp_path, as_version_2(lines))
+    assert "add_request.block_hashes: unknown key in a version-2 trace" in stderr
     # A version-2 trace recorded with prefix caching: read, but not replayed.
     bare = as_version_2(lines[:1]) + [
         json.dumps({k: v for k, v in json.loads(line).items() if k != "block_hashes"})

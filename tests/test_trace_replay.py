@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from dualbudget import TRACES
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.synthetic_trace import write_synthetic_trace
 from dualbudget.reference.trace import TraceError, read_trace
 from dualbudget.reference.workload import preset
 
-SHIPPED = Path(__file__).parent / "data" / "traces"
+SHIPPED = TRACES
 
 
 def dualbudget(*args: str) -> subprocess.CompletedProcess[str]:
@@ -205,7 +206,8 @@ def test_a_trace_becomes_a_what_if_workload(tmp_path: Path) -> None:
         ModelOutput,
         StepRecord,
     )
-    from dualbudget.reference.trace import TraceHeader, TraceWriter, scenario_from_trace
+    from dualbudget.reference.simulate import scenario_from_trace
+    from dualbudget.reference.trace import TraceHeader, TraceWriter
 
     config = preset("chat-poisson").scenario(seed=1).config
     path = tmp_path / "t.ndjson"

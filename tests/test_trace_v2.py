@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dualbudget import TRACES
 from dualbudget.reference.events import AddRequest, ModelOutput, StepRecord
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.scenario import Scenario, validate
@@ -21,7 +22,7 @@ from dualbudget.reference.synthetic_trace import write_synthetic_trace
 from dualbudget.reference.trace import TraceHeader, TraceWriter, read_trace
 from dualbudget.reference.workload import preset
 
-SHIPPED = Path(__file__).parent / "data" / "traces"
+SHIPPED = TRACES
 STOPS_TRACE = SHIPPED / "engine-draft-model-k3-stops.ndjson"
 
 
@@ -172,10 +173,10 @@ def test_a_request_with_structured_outputs_is_refused_by_name(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [
-        ({"settings.watermarks": 0.0}, "unknown setting 'watermarks'"),
-        ({"settings": {}}, "missing setting 'enable_prefix_caching'"),
-        ({"settings": None}, "header.settings must be an object"),
-        ({"async_scheduling": True}, "version 2 keeps async_scheduling in header.config"),
+        ({"settings.watermarks": 0.0}, "header.settings.watermarks: unknown key"),
+        ({"settings": {}}, "header.settings.enable_prefix_caching: missing"),
+        ({"settings": None}, "header.settings: must be a JSON object, got null"),
+        ({"async_scheduling": True}, "header.async_scheduling: unknown key"),
         ({"version": 4}, "version 4, this reads versions 1, 2 and 3 only"),
     ],
 )
@@ -195,8 +196,8 @@ def test_a_bad_version_2_header_exits_2_naming_the_key(
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        (lambda o: o.update(step=10_000), "model_output.step must name a step already recorded"),
-        (lambda o: o.pop("step"), "bad model_output event"),
+        (lambda o: o.update(step=10_000), "model_output.step: must name a step already recorded"),
+        (lambda o: o.pop("step"), "model_output.step: missing"),
         (
             lambda o: o["stopped"].update({next(iter(o["num_sampled"])): 99}),
             "must be in 1..num_sampled",
@@ -256,8 +257,16 @@ def test_version_1_async_or_prefix_caching_is_refused(
     tmp_path: Path, lines: list[str], async_scheduling: bool, prefix: bool, needle: str
 ) -> None:
     config = json.loads(lines[0])["config"]
+    # A version-1 model output holds only its num_sampled.
+    objects = [json.loads(line) for line in lines[1:]]
+    body = [
+        json.dumps({k: v for k, v in o.items() if k not in ("step", "stopped")})
+        if o["event"] == "model_output"
+        else json.dumps(o)
+        for o in objects
+    ]
     run = dualbudget(
-        "replay", write(tmp_path, [v1_header(config, async_scheduling, prefix), *lines[1:]])
+        "replay", write(tmp_path, [v1_header(config, async_scheduling, prefix), *body])
     )
     assert run.returncode == 2, run.stdout + run.stderr
     assert needle in run.stderr and run.stderr.count("\n") == 1, run.stderr

@@ -16,19 +16,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dualbudget.spec.releases import RELEASE_VERSIONS, release_of
+
 
 @dataclass(frozen=True)
 class Claim:
     mutant: str
     reason: str
-    versions: tuple[str, ...] = ("0.32", "0.33")
-    """The vLLM releases (``major.minor``) whose source the claim is about."""
+    versions: tuple[str, ...] = RELEASE_VERSIONS
+    """The vLLM releases (``Release.version``) whose source the claim is about."""
     assume: tuple[str, ...] = ()
     holds: str | None = None
     """The arithmetic of ``reason``, when it has one: z3 proves ``assume -> holds``."""
 
     def applies_to(self, vllm_version: str) -> bool:
-        return any(vllm_version == v or vllm_version.startswith(v + ".") for v in self.versions)
+        release = release_of(vllm_version)
+        return release is not None and release.version in self.versions
 
 
 class ClaimRefuted(Exception):
@@ -94,7 +97,7 @@ CLAIMS: tuple[Claim, ...] = (
         holds="(t if 0 < t <= need else need) == (t if 0 < t < need else need)",
     ),
 )
-"""Keyed by ``Site.name``; the same sites, by name, in vLLM 0.32.0 and 0.33.0."""
+"""Keyed by ``Site.name``; the same sites, by name, in every release recorded."""
 
 
 def claims_for(vllm_version: str, claims: Iterable[Claim] = CLAIMS) -> dict[str, Claim]:

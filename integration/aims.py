@@ -1,0 +1,481 @@
+"""The fuzz's aims: where a share of the examples looks, one row each (``AIMS``).
+
+An *aim* chooses only where to look: the bounds its configs are drawn in
+(``ConfigBounds``, read by the one builder ``aimed_config``), its machine (a
+``machine.LockstepMachine`` subclass drawing its requests) and its weight in a method's
+share of the examples (``fuzz.shares``). ``mixed`` draws configs over the whole space,
+refused ones included; every other aim draws configs and requests aimed at one coverage
+event (``coverage.COVERAGE`` names each event's aim) or one rule's boundary that a
+uniform draw reaches rarely. Every aim's examples are checked by the same rules and the
+same invariant.
+
+``aimed_config`` draws every field in one order, each within its aim's bounds: K, the
+block size, ``max_model_len``, the long-prefill threshold, ``max_num_seqs``, chunked
+prefill, the budgets (``Budgets``: how ``max_num_batched_tokens`` B and the token budget
+are drawn, one pair of the aim's), B, ``max_num_scheduled_tokens``, the KV pool and the
+scheduling policy. B always meets vLLM's checks (B >= ``max_num_seqs``, B >=
+``max_model_len`` without chunked prefill) and, but for ``mixed``, stays above the
+lookahead (``num_lookahead_tokens``), which both releases demand: aimed configs are never
+refused.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeVar
+
+import hypothesis.strategies as st
+from hypothesis.stateful import initialize
+
+from dualbudget.reference.kv import cdiv
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.methods import layout_named
+from dualbudget.spec.policies import StepParams
+from dualbudget.spec.profiles import profile_named
+
+from .machine import (
+    BudgetMachine,
+    EdgeMachine,
+    LockstepMachine,
+    LoneMachine,
+    PaddedMachine,
+    PreemptMachine,
+    PrefixMachine,
+    RefundMachine,
+    TokenMachine,
+)
+from .outcome import UnitRun
+
+T = TypeVar("T")
+
+MAX_K = 5
+"""Every aim draws ``num_speculative_tokens`` in [1, MAX_K]."""
+
+
+def reserve(profile: str, layout: str, k: int) -> tuple[int, int]:
+    """(slots the profile's policy charges per request, num_lookahead_tokens) at K."""
+    row = layout_named(layout)
+    policy = profile_named(profile).policy
+    p = StepParams(1, 1, 1, k, row)
+    return int(policy.draft_slots(p)), int(policy.num_lookahead_tokens(p))
+
+
+def admitted(profile: str, layout: str, k: int, b: int, seqs: int) -> int:
+    """Requests the profile's policy lets run at once (``max_active_requests``) at K, B
+    and ``max_num_seqs``."""
+    policy = profile_named(profile).policy
+    return int(policy.max_active_requests(StepParams(b, b, seqs, k, layout_named(layout))))
+
+
+def admission_capped(profile: str, layout: str, k: int) -> bool:
+    """Whether the profile's policy caps the running requests by B (vLLM 0.33's DFlash
+    and DSpark: at most ``B // num_lookahead_tokens``, ``Additive.max_active_requests``)."""
+    return admitted(profile, layout, k, 1, 8) < 8
+
+
+@dataclass(frozen=True)
+class PerDraft:
+    """A count linear in K and in the slots a request reserves:
+    ``const + per_k * K + per_slot * slots``."""
+
+    const: int = 0
+    per_k: int = 0
+    per_slot: int = 0
+
+    def at(self, k: int, slots: int) -> int:
+        return self.const + self.per_k * k + self.per_slot * slots
+
+
+class TokenBudget(enum.Enum):
+    """How ``max_num_scheduled_tokens`` is drawn against B (``range_at``)."""
+
+    DEFAULT = "vLLM's default (None): the token budget opens at B"
+    UP_TO_B = "1 to B"
+    BELOW_B = "1 to B - 1: the token budget opens below the input budget"
+    HALF_B = "1 to B // 2: below the input budget even for methods reserving many slots"
+    ABOVE_B = "B + 1 to 2B + 8: the input budget opens below it (legal in vLLM)"
+    DECODE_WIDTHS = "(1 + K) + 1 to 3 (1 + K): one to three decodes"
+
+    @property
+    def scales_with_b(self) -> bool:
+        """Whether its range depends on B (it is then drawn after B, else before)."""
+        return self not in (TokenBudget.DEFAULT, TokenBudget.DECODE_WIDTHS)
+
+    def range_at(self, b: int, k: int) -> tuple[int, int] | None:
+        """The range drawn in; None for vLLM's default."""
+        ranges = {
+            TokenBudget.DEFAULT: None,
+            TokenBudget.UP_TO_B: (1, b),
+            TokenBudget.BELOW_B: (1, b - 1),
+            TokenBudget.HALF_B: (1, max(1, b // 2)),
+            TokenBudget.ABOVE_B: (b + 1, 2 * b + 8),
+            TokenBudget.DECODE_WIDTHS: (k + 2, 3 * (k + 1)),
+        }
+        return ranges[self]
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where B is drawn: from its floor (the larger of ``ConfigBounds``' lower bounds and
+    ``at_least``, counted above the token budget with ``over_token_budget``) up to
+    ``up_to`` (or the floor itself, if higher), or, without ``up_to``, up to ``extra``
+    above the floor."""
+
+    at_least: PerDraft = PerDraft()
+    over_token_budget: bool = False
+    up_to: PerDraft | None = None
+    extra: PerDraft = PerDraft()
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """One way an aim draws its two budgets: B in ``batched``, the token budget as
+    ``token``; only where the layout reserves slots (``needs_slots``) or where the policy
+    does not cap admission by B (``needs_uncapped_admission``), when the pair serves the
+    aim only there."""
+
+    batched: Span
+    token: TokenBudget = TokenBudget.DEFAULT
+    needs_slots: bool = False
+    needs_uncapped_admission: bool = False
+
+
+def every(spans: tuple[Span, ...], tokens: tuple[TokenBudget, ...]) -> tuple[Budgets, ...]:
+    """Each span with each token budget."""
+    return tuple(Budgets(span, token) for span in spans for token in tokens)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """``num_gpu_blocks`` in full requests (``max_model_len`` in blocks, plus the null
+    block): from ``low`` to ``high`` of them, plus ``extra_blocks``; counted beyond
+    ``max_num_seqs`` full requests with ``per_seq``."""
+
+    low: float
+    high: float
+    extra_blocks: int = 0
+    per_seq: bool = False
+
+    def range_at(self, need: int, seqs: int) -> tuple[int, int]:
+        base = seqs if self.per_seq else 0
+        return int(need * (base + self.low)), int(need * (base + self.high)) + self.extra_blocks
+
+
+@dataclass(frozen=True)
+class ConfigBounds:
+    """The bounds an aim's configs are drawn in (``aimed_config``); a choice of several
+    values or ranges is drawn uniformly (repeat one to weight it)."""
+
+    budgets: tuple[Budgets, ...]
+    block_sizes: tuple[int, ...] = (4, 8, 16)
+    max_model_lens: tuple[int, ...] = (32, 48, 64)
+    max_model_len_in_k: tuple[PerDraft, PerDraft] | None = None
+    """A range in K drawn instead of ``max_model_lens``."""
+    thresholds: tuple[tuple[int, int | None], ...] = ((0, 0),)
+    """``long_prefill_token_threshold`` ranges; None: up to ``max_model_len``."""
+    max_num_seqs: tuple[int, int] = (1, 8)
+    chunked_prefill: tuple[bool, ...] = (True,)
+    pools: tuple[Pool, ...] = (Pool(3, 4),)
+    policies: tuple[str, ...] = ("fcfs", "priority")
+    floor: int = 4
+    """B's least value."""
+    refused_too: bool = False
+    """B may fall to the lookahead or below it, where vLLM refuses the config."""
+    fits_decode_batch: bool = False
+    """B fits ``max_num_seqs`` decodes at 1 + K + slots and one more token."""
+    first_grant_above_threshold: bool = False
+    """B - slots stays above the threshold: a lone request's first grant is more."""
+    admits_max_num_seqs: bool = False
+    """Where the policy caps admission by B, B is raised to admit ``max_num_seqs``."""
+    prefix_caching: bool = False
+
+
+def _ranged(draw: st.DrawFn, low: int, high: int, label: str) -> int:
+    """An integer in [low, high], drawn unless the range holds one."""
+    return low if low == high else draw(st.integers(low, high), label=label)
+
+
+def _one_of(draw: st.DrawFn, choices: tuple[T, ...], label: str) -> T:
+    return choices[0] if len(choices) == 1 else draw(st.sampled_from(choices), label=label)
+
+
+def _token_budget(draw: st.DrawFn, token: TokenBudget, b: int, k: int) -> int | None:
+    token_range = token.range_at(b, k)
+    return None if token_range is None else _ranged(draw, *token_range, "max_num_scheduled_tokens")
+
+
+@st.composite
+def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: str) -> EngineConfig:
+    """A config within ``bounds`` for ``profile``'s policy on ``layout``'s row."""
+    k = draw(st.integers(1, MAX_K), label="K")
+    slots, lookahead = reserve(profile, layout, k)
+    block_size = _one_of(draw, bounds.block_sizes, "block_size")
+    if bounds.max_model_len_in_k is not None:
+        shortest, longest = bounds.max_model_len_in_k
+        max_model_len = _ranged(draw, shortest.at(k, slots), longest.at(k, slots), "max_model_len")
+    else:
+        max_model_len = _one_of(draw, bounds.max_model_lens, "max_model_len")
+    least, most = _one_of(draw, bounds.thresholds, "threshold range")
+    threshold = _ranged(draw, least, max_model_len if most is None else most, "threshold")
+    seqs = _ranged(draw, *bounds.max_num_seqs, "max_num_seqs")
+    chunked = _one_of(draw, bounds.chunked_prefill, "chunked prefill")
+    capped = admission_capped(profile, layout, k)
+    budgets = _one_of(
+        draw,
+        tuple(
+            pair
+            for pair in bounds.budgets
+            if not (pair.needs_slots and slots == 0)
+            and not (pair.needs_uncapped_admission and capped)
+        ),
+        "budgets",
+    )
+    span, token = budgets.batched, budgets.token
+    cap = None
+    if not token.scales_with_b:
+        cap = _token_budget(draw, token, 0, k)
+    floors = [bounds.floor, seqs, span.at_least.at(k, slots)]
+    if span.over_token_budget:
+        assert cap is not None, f"B over the token budget needs one drawn first, not {token}"
+        floors[-1] += cap
+    if not chunked:
+        floors.append(max_model_len)
+    if not bounds.refused_too:
+        floors.append(lookahead + 2)
+    if bounds.fits_decode_batch:
+        floors.append(seqs * (1 + k + slots) + 1)
+    if bounds.first_grant_above_threshold:
+        floors.append(threshold + slots + 2)
+    if bounds.admits_max_num_seqs and capped:
+        floors.append(seqs * lookahead)
+    low = max(floors)
+    high = max(low, span.up_to.at(k, slots)) if span.up_to else low + span.extra.at(k, slots)
+    b = _ranged(draw, low, high, "max_num_batched_tokens")
+    if token.scales_with_b:
+        cap = _token_budget(draw, token, b, k)
+    need = cdiv(max_model_len, block_size) + 1
+    pool = _one_of(draw, bounds.pools, "pool")
+    num_gpu_blocks = _ranged(draw, *pool.range_at(need, seqs), "num_gpu_blocks")
+    return EngineConfig(
+        max_num_batched_tokens=b,
+        max_num_seqs=seqs,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=threshold,
+        scheduling_policy=_one_of(draw, bounds.policies, "scheduling_policy"),
+        max_num_scheduled_tokens=cap,
+        speculative_config=SpeculativeConfig.for_layout(layout_named(layout), k),
+        enable_prefix_caching=bounds.prefix_caching,
+    )
+
+
+@dataclass(frozen=True)
+class Aim:
+    """Where a share of the examples looks: its configs' bounds, its machine, and its
+    weight in a layout's share of the examples (``fuzz.shares``)."""
+
+    configs: ConfigBounds
+    machine: type[LockstepMachine]
+    weight: int
+
+
+AIMS: dict[str, Aim] = {
+    # Configs over the whole space, refused ones included. Small pools force preemption
+    # (the null block and one full request always fit); the token budget mostly vLLM's
+    # default, sometimes below B, sometimes above it (legal in vLLM, and the only way the
+    # input budget binds for methods reserving no slots).
+    "mixed": Aim(
+        ConfigBounds(
+            budgets=every(
+                (Span(up_to=PerDraft(24)), Span(up_to=PerDraft(64))),
+                (TokenBudget.DEFAULT, TokenBudget.UP_TO_B, TokenBudget.ABOVE_B),
+            ),
+            block_sizes=(2, 4, 8, 16),
+            max_model_lens=(24, 32, 48, 64, 96),
+            thresholds=((0, 0), (0, 0), (1, None)),
+            chunked_prefill=(True, True, True, False),
+            pools=(Pool(1, 1, extra_blocks=4), Pool(1, 3)),
+            refused_too=True,
+        ),
+        LockstepMachine,
+        0,
+    ),
+    # Prompts long against a small buffer, chunked: grants meet the input budget. With 0
+    # slots only a token budget above B lets the input budget bind. A KV pool of three
+    # full requests keeps preemption out of the way.
+    "budget": Aim(
+        ConfigBounds(
+            budgets=(
+                Budgets(Span(up_to=PerDraft(24)), TokenBudget.ABOVE_B),
+                Budgets(Span(up_to=PerDraft(24)), needs_slots=True),
+            ),
+            max_model_lens=(48, 64, 96),
+        ),
+        BudgetMachine,
+        1,
+    ),
+    # Priority scheduling, a pool of one to 1.5 full requests, a buffer that fits every
+    # running request: a running request that outranks one scheduled before it and needs
+    # a block preempts that one (its charge is refunded).
+    "preempt": Aim(
+        ConfigBounds(
+            budgets=(Budgets(Span(up_to=PerDraft(64))),),
+            block_sizes=(2, 4),
+            max_num_seqs=(2, 8),
+            pools=(Pool(1, 1.5),),
+            policies=("priority",),
+            floor=16,
+        ),
+        PreemptMachine,
+        3,
+    ),
+    # Room for a decode batch at width 1 + K and an ample pool: one-token prompts arriving
+    # while the others decode join padded.
+    "padded": Aim(
+        ConfigBounds(
+            budgets=(Budgets(Span(extra=PerDraft(16))),),
+            max_model_lens=(48, 64, 96),
+            max_num_seqs=(2, 8),
+            pools=(Pool(3, 6),),
+            policies=("fcfs",),
+            floor=16,
+            fits_decode_batch=True,
+        ),
+        PaddedMachine,
+        1,
+    ),
+    # A budget bound after a refund (bound_after_refund). RefundMachine admits decodes one
+    # at a time, each outranking those before it: the running order runs from the worst
+    # priority to the best. Blocks of two and a pool of one to 1.5 full requests run out
+    # as the decodes grow: a decode short of a block preempts the worst, the first in the
+    # order, scheduled before it (refunded), and a budget below the batch's need cuts a
+    # decode after it. The budget that binds is drawn: the token budget (one to three
+    # decode widths, B loose above it by eight requests' slots), so that a token refund
+    # that restores too much or too little shows; or the input budget (vLLM's default token
+    # budget, B one to three decode widths with their slots), so that an input refund that
+    # does shows. Where the policy caps admission by B the token budget always binds and B
+    # is raised to admit max_num_seqs: B of a few decode widths would run only B // K or
+    # B // (K + 1) requests at once, too few for a victim, the request preempting it and
+    # one cut after both.
+    "refund": Aim(
+        ConfigBounds(
+            budgets=(
+                Budgets(
+                    Span(at_least=PerDraft(per_slot=8), over_token_budget=True, extra=PerDraft(16)),
+                    TokenBudget.DECODE_WIDTHS,
+                ),
+                Budgets(
+                    Span(at_least=PerDraft(per_slot=8), over_token_budget=True, extra=PerDraft(16)),
+                    TokenBudget.DECODE_WIDTHS,
+                ),
+                Budgets(
+                    Span(at_least=PerDraft(2, 1, 1), up_to=PerDraft(3, 3, 3)),
+                    needs_uncapped_admission=True,
+                ),
+            ),
+            block_sizes=(2,),
+            max_num_seqs=(6, 8),
+            pools=(Pool(1, 1.5),),
+            policies=("priority",),
+            admits_max_num_seqs=True,
+        ),
+        RefundMachine,
+        3,
+    ),
+    # A grant cut by the token budget (token_budget_bound): it binds only where it opens
+    # below the input budget, here always (half the draws below B / 2, where it binds
+    # even for methods reserving many slots). Chunked prefill is off now and then (B >=
+    # max_model_len, as vLLM demands): a prompt over the request's budget then waits
+    # whole; the long-prefill threshold is on now and then (with one request alone, vLLM
+    # applies none).
+    "token": Aim(
+        ConfigBounds(
+            budgets=every((Span(extra=PerDraft(40)),), (TokenBudget.HALF_B, TokenBudget.BELOW_B)),
+            thresholds=((0, 0), (0, 0), (1, 16)),
+            chunked_prefill=(True, True, True, False),
+        ),
+        TokenMachine,
+        1,
+    ),
+    # The padding rule at max_model_len: vLLM pads a one-token request joining decodes to
+    # 1 + K only when 1 + K + 1 more positions fit below max_model_len; max_model_len in
+    # [K + 1, 2K + 4] puts that test's boundary in reach (every other aim draws 24 or
+    # more, where it always holds). The buffer is a few decode widths, chunked prefill on
+    # or off, a pool of every running request and up to two more.
+    "edge": Aim(
+        ConfigBounds(
+            budgets=(Budgets(Span(extra=PerDraft(4, 3))),),
+            block_sizes=(2, 4),
+            max_model_len_in_k=(PerDraft(1, 1), PerDraft(4, 2)),
+            thresholds=((0, 0), (1, None)),
+            max_num_seqs=(2, 6),
+            chunked_prefill=(True, False),
+            pools=(Pool(0, 2, per_seq=True),),
+            policies=("fcfs",),
+        ),
+        EdgeMachine,
+        3,
+    ),
+    # The long-prefill threshold with one request alone: vLLM applies it only when more
+    # than one request is running or waiting (num_eligible_reqs > 1), so that a lone
+    # prefill is never cut for the sake of others. LoneMachine opens with one request
+    # longer than the threshold, under budgets above it, and steps at once: its first
+    # grant is the whole remaining budget, where a threshold applied alone would cut it
+    # to the threshold; the requests added later make the threshold bite. Every other aim
+    # either draws the threshold rarely (mixed: a third of its draws, mostly above the
+    # prompts) or opens with a crowd.
+    "lone": Aim(
+        ConfigBounds(
+            budgets=(Budgets(Span(extra=PerDraft(24))),),
+            thresholds=((1, 8),),
+            first_grant_above_threshold=True,
+        ),
+        LoneMachine,
+        1,
+    ),
+    # Prefix caching on, aimed at its five events (PrefixMachine): blocks of 2 or 4, so
+    # that prompts span several blocks and a hit keeps one even where the release drops
+    # the last hit block; a pool of one to 1.5 full requests, so that freed cached blocks
+    # are handed out again (evicted) and growing decodes preempt requests that later
+    # resume on their own cached blocks (a pool of two to three full requests left some
+    # methods without a preemption); a buffer with room for a crowd (a repeat admitted
+    # while its original runs hits blocks that one holds), the token budget at most half
+    # of it in half the draws (a hit changes how much of a prompt the token budget cuts).
+    # Only this aim runs with prefix caching: drawing it in mixed or preempt as well cost
+    # other events their only examples in the seed-1 run.
+    "prefix": Aim(
+        ConfigBounds(
+            budgets=every((Span(extra=PerDraft(48)),), (TokenBudget.DEFAULT, TokenBudget.HALF_B)),
+            block_sizes=(2, 4),
+            max_num_seqs=(2, 8),
+            pools=(Pool(1, 1.5),),
+            floor=16,
+            prefix_caching=True,
+        ),
+        PrefixMachine,
+        3,
+    ),
+}
+"""The aims, in the order of a layout's units; ``mixed`` takes the rest of a share, so its
+weight only counts in the total (16). A weight of 1 is one example per method at 200 over
+nine methods: only Hypothesis' first, simplest example, which for ``edge`` never reaches
+the padding boundary (``lone``'s does reach its own); ``edge`` needs three to kill the
+padding rule's five mutants (docs/mutate.md), and ``prefix`` at two left a method's
+token budget or resume re-hit at zero now and then."""
+
+
+def machine_for(run: UnitRun) -> type[LockstepMachine]:
+    """The machine of one unit: its aim's machine, bound to ``run``, starting from a
+    config drawn within its aim's bounds for its profile and layout."""
+    aim = AIMS[run.aim]
+
+    @initialize(config=aimed_config(aim.configs, run.profile, run.layout), data=st.data())
+    def start(self: LockstepMachine, config: EngineConfig, data: st.DataObject) -> None:
+        self.begin(config, data)
+
+    name = f"Lockstep_{run.layout}_{run.aim}".replace("-", "_")
+    machine = type(name, (aim.machine,), {"run": run, "start": start})
+    return machine

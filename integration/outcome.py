@@ -1,0 +1,208 @@
+"""What a fuzz run counted and found: a unit's (``UnitRun``) and a whole run's
+(``FuzzResult``), with the findings and the reasons a run stops.
+
+A fuzz stops at a divergence, or at a C1-C3 break of the reference that is not a known
+finding; everything else is counted (examples, steps, refused configs, mirrored crashes,
+coverage events per method) so that a run says what it reached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dualbudget.spec.methods import LAYOUT_NAMES
+from dualbudget.spec.profiles import profile_named
+
+from .coverage import EVENT_NAMES, required_events
+from .lockstep import Divergence
+
+if TYPE_CHECKING:
+    from .lockstep import Lockstep
+
+FindingKey = tuple[str, str, str]
+"""(profile, layout, contract id) of a contract break."""
+
+
+@dataclass
+class Finding:
+    """A break of C1-C3 the reference recorded in a lockstep run, with its scenario;
+    ``known`` when the caller's known findings list it (the run then goes on)."""
+
+    profile: str
+    layout: str
+    contract: str
+    step: int
+    message: str
+    scenario_path: str
+    known: bool
+
+    @property
+    def key(self) -> FindingKey:
+        return (self.profile, self.layout, self.contract)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def never_cancelled() -> bool:
+    return False
+
+
+class TimeUp(Exception):
+    """Raised by a unit's first rule once its time is spent: ends that Hypothesis run."""
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    """What a fuzz counted and what stops it, for a unit (``UnitRun``) and a whole run
+    (``FuzzResult``) alike: it stops at a divergence, or at a C1-C3 break that is not a
+    known finding."""
+
+    examples: int = 0
+    steps: int = 0
+    refused_configs: int = 0
+    mirrored_crashes: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    stopped_by_time: bool = False
+    seconds: float = 0.0
+    """Wall time: of a unit's Hypothesis run; of a whole fuzz, after its warm-up."""
+
+    @property
+    def unknown_findings(self) -> list[Finding]:
+        return [f for f in self.findings if not f.known]
+
+    @property
+    def stopped(self) -> bool:
+        """A divergence or an unknown finding: the fuzz stops here."""
+        return bool(self.divergences or self.unknown_findings)
+
+
+@dataclass
+class UnitRun(Outcome):
+    """What one (layout, aim) unit ran and found: the state its machines share."""
+
+    profile: str
+    layout: str
+    aim: str
+    seed: int
+    out_dir: Path
+    known_findings: frozenset[FindingKey]
+    deadline: float | None = None
+    cancelled: Callable[[], bool] = never_cancelled
+    """True once the unit's result can no longer be used (an earlier unit stopped)."""
+    started: int = 0
+    """Examples the unit started (refused configs too): numbers the scenario files."""
+    coverage: dict[str, int] | None = None
+    """Events counted, once a step ran."""
+    constructions: set[str] = field(default_factory=set)
+    top_up_round: int = 0
+    """0: a planned unit; r >= 1: a rerun in the run's top-up round r (``fuzz.run_fuzz``)."""
+
+    @property
+    def round_tag(self) -> str:
+        """``-top-up<r>`` for a rerun in top-up round r, else nothing."""
+        return f"-top-up{self.top_up_round}" if self.top_up_round else ""
+
+    @property
+    def unit_name(self) -> str:
+        """``layout/aim`` (its round's tag after a top-up rerun's)."""
+        return f"{self.layout}/{self.aim}{self.round_tag}"
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def count_step(self, before: dict[str, int], after: dict[str, int]) -> None:
+        self.steps += 1
+        if self.coverage is None:
+            self.coverage = dict.fromkeys(EVENT_NAMES, 0)
+        for event, count in after.items():
+            self.coverage[event] += count - before[event]
+
+    def take_findings(self, lock: Lockstep) -> list[Finding]:
+        """The C1-C3 breaks ``lock`` recorded since the last call, one per (profile,
+        layout, contract) in this unit, each with the scenario that reproduces it."""
+        new: list[Finding] = []
+        seen = {f.key for f in self.findings}
+        for violation in lock.violations:
+            key = (self.profile, lock.layout, violation.contract)
+            if key in seen:
+                continue
+            seen.add(key)
+            path = lock.write_scenario(violation.step)
+            new.append(
+                Finding(
+                    *key,
+                    step=violation.step,
+                    message=violation.message,
+                    scenario_path=str(path),
+                    known=key in self.known_findings,
+                )
+            )
+        lock.violations.clear()
+        lock.reference.violations.clear()
+        self.findings += new
+        return new
+
+
+@dataclass
+class FuzzResult(Outcome):
+    """A whole fuzz run: its units merged in unit order (``merge``), its coverage per
+    method, and the required events still at zero (``zero_events``)."""
+
+    profile: str
+    vllm_version: str
+    coverage: dict[str, dict[str, int]] = field(default_factory=dict)
+    constructions: dict[str, set[str]] = field(default_factory=dict)
+    examples_by_layout: dict[str, int] = field(default_factory=dict)
+    examples_by_unit: dict[str, int] = field(default_factory=dict)
+    warm_up_seconds: float = 0.0
+    """vLLM's one-off costs, before ``seconds`` starts."""
+
+    def totals(self) -> dict[str, int]:
+        return {
+            event: sum(per.get(event, 0) for per in self.coverage.values()) for event in EVENT_NAMES
+        }
+
+    def required(self, layout: str) -> tuple[str, ...]:
+        """The gate's events for ``layout`` under this run's profile."""
+        return required_events(layout, profile_named(self.profile).release)
+
+    def zero_events(self, layouts: Sequence[str] | None = None) -> list[tuple[str, str]]:
+        """The (layout, event) pairs the gate requires that are still at zero."""
+        return [
+            (layout, event)
+            for layout in layouts or LAYOUT_NAMES
+            for event in self.required(layout)
+            if self.coverage.get(layout, {}).get(event, 0) == 0
+        ]
+
+    def zero_coverage(self, layouts: Sequence[str] | None = None) -> list[str]:
+        return [f"{layout}:{event}" for layout, event in self.zero_events(layouts)]
+
+    def merge(self, run: UnitRun) -> list[Finding]:
+        """Add one unit's counts; returns its findings not already found by an earlier
+        unit (one finding per (profile, layout, contract) in the whole run)."""
+        self.examples += run.examples
+        self.steps += run.steps
+        self.refused_configs += run.refused_configs
+        self.mirrored_crashes += run.mirrored_crashes
+        self.divergences += run.divergences
+        self.stopped_by_time |= run.stopped_by_time
+        if run.examples:
+            layout = run.layout
+            self.examples_by_layout[layout] = self.examples_by_layout.get(layout, 0) + run.examples
+            self.examples_by_unit[run.unit_name] = run.examples
+            self.constructions.setdefault(layout, set()).update(run.constructions)
+        if run.coverage is not None:
+            per = self.coverage.setdefault(run.layout, dict.fromkeys(EVENT_NAMES, 0))
+            for event, count in run.coverage.items():
+                per[event] += count
+        seen = {f.key for f in self.findings}
+        new = [f for f in run.findings if f.key not in seen]
+        self.findings += new
+        return new
