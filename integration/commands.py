@@ -321,7 +321,8 @@ def _record_events(scenario: Scenario) -> list[list[Event]]:
 
 
 BENCH_TARGET_RATIO = 10
-"""Issue 4's target for reference/live; printed beside the measured ratio, never asserted."""
+"""The speed the reference keeps over live vLLM, so that a fuzz is bounded by vLLM's
+scheduler, not the reference's; printed beside the measured ratio, never asserted."""
 
 
 class _Diverged(Exception):

@@ -1,6 +1,6 @@
 """``dualbudget bench`` against the installed vLLM (needs vLLM; see
-docs/vllm-environments.md): the JSON the issue names, figures that were measured (positive,
-the ratio their quotient), and a divergence in its lockstep runs exits 1. Timings are
+docs/vllm-environments.md): the JSON that document names, figures that were measured
+(positive, the ratio their quotient), and a divergence in its lockstep runs exits 1. Timings are
 printed, never asserted. One workload each, to keep the live suite short."""
 
 from __future__ import annotations

@@ -147,10 +147,10 @@ def test_the_design_review_carries_the_policy_differences() -> None:
 
 
 def test_diff_search_separates_vllm_033_from_dual_on_dflash(tmp_path: Path) -> None:
-    """Issue 14's question: z3 finds 0.33's per-step grants equal to dual's on DFlash, only
-    the running cap apart; the seeded search finds a run where that cap binds (async
-    scheduling skips a request whose output in flight reaches max_tokens, so dual admits
-    past B // (K + 1))."""
+    """Where 0.33 and dual part on DFlash: z3 finds 0.33's per-step grants equal to
+    dual's there, only the running cap apart; the seeded search finds a run where that cap
+    binds (async scheduling skips a request whose output in flight reaches max_tokens, so
+    dual admits past B // (K + 1))."""
     out, scenario = tmp_path / "d.json", tmp_path / "found.json"
     done = _dualbudget(
         "diff", "--profile", "vllm-0.33", "--profile", "dual", "--layout", "dflash",

@@ -31,7 +31,7 @@ def _lockstep_counters() -> set[str]:
     """The names ``lockstep`` counts itself: every string key of a subscript of its
     coverage dict (``self.coverage[...]`` or its local alias ``cov[...]``)."""
     tree = ast.parse(inspect.getsource(lockstep))
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Subscript) or not isinstance(node.slice, ast.Constant):
             continue
@@ -39,7 +39,7 @@ def _lockstep_counters() -> set[str]:
         is_coverage = (isinstance(target, ast.Name) and target.id == "cov") or (
             isinstance(target, ast.Attribute) and target.attr == "coverage"
         )
-        if is_coverage:
+        if is_coverage and isinstance(node.slice.value, str):
             names.add(node.slice.value)
     return names
 

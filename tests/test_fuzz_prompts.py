@@ -1,6 +1,6 @@
 """Token ids under prefix caching, without vLLM: the scenario format carries prompts' ids,
 the driver gives the events the ids both schedulers see, and the fuzz's prompts share
-prefixes the way issue 12 lists (a system prompt, documents, repeats, later turns)."""
+prefixes the way served traffic does (a system prompt, documents, repeats, later turns)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""C6 by induction (proofs/dominance.py) against the bounded encoding it replaced.
+"""C6 by induction (proofs/dominance.py) against a bounded encoding.
 
 The bounded encoding unrolls ``model.fcfs_step`` over a queue of up to ``C6_QUEUE``
-requests; it is no longer a proof, only this cross-check: on every (pair, layout) the
-inductive verdict equals the bounded one. Then: the planted mutant that breaks dominance
-only past 8 requests is killed by the induction and survives the bounded encoding; each
-strengthening of the relation is needed exactly where proofs/strengthenings.py says
-(the table of proofs/README.md); and the
-lane step ``serve`` is the FCFS loop of ``fcfs_step`` on ints.
+requests; it proves nothing past that bound, so it serves only as this cross-check: on
+every (pair, layout) the inductive verdict equals the bounded one. Then: the planted
+mutant that breaks dominance only past 8 requests is killed by the induction and survives
+the bounded encoding; each strengthening of the relation is needed exactly where
+proofs/strengthenings.py says (the table of proofs/README.md); and the lane step
+``serve`` is the FCFS loop of ``fcfs_step`` on ints.
 """
 
 from __future__ import annotations
