@@ -12,11 +12,11 @@ same invariant.
 ``aimed_config`` draws every field in one order, each within its aim's bounds: K, the
 block size, ``max_model_len``, the long-prefill threshold, ``max_num_seqs``, chunked
 prefill, the budgets (``Budgets``: how ``max_num_batched_tokens`` B and the token budget
-are drawn, one pair of the aim's), B, ``max_num_scheduled_tokens``, the KV pool and the
-scheduling policy. B always meets vLLM's checks (B >= ``max_num_seqs``, B >=
-``max_model_len`` without chunked prefill) and, but for ``mixed``, stays above the
-lookahead (``num_lookahead_tokens``), which both releases demand: aimed configs are never
-refused.
+are drawn, one pair of the aim's), then B and ``max_num_scheduled_tokens`` (the one whose
+range depends on the other second), the KV pool and the scheduling policy. B always
+meets vLLM's checks (B >= ``max_num_seqs``, B >= ``max_model_len`` without chunked
+prefill) and, but for ``mixed``, stays above the lookahead (``num_lookahead_tokens``),
+which both releases demand: aimed configs are never refused.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class TokenBudget(enum.Enum):
     BELOW_B = "1 to B - 1: the token budget opens below the input budget"
     HALF_B = "1 to B // 2: below the input budget even for methods reserving many slots"
     ABOVE_B = "B + 1 to 2B + 8: the input budget opens below it (legal in vLLM)"
-    DECODE_WIDTHS = "(1 + K) + 1 to 3 (1 + K): one to three decodes"
+    DECODE_WIDTHS = "2 (1 + K) + 1 to 3 (1 + K): two decodes and part or all of a third"
 
     @property
     def scales_with_b(self) -> bool:
@@ -110,7 +110,7 @@ class TokenBudget(enum.Enum):
             TokenBudget.BELOW_B: (1, b - 1),
             TokenBudget.HALF_B: (1, max(1, b // 2)),
             TokenBudget.ABOVE_B: (b + 1, 2 * b + 8),
-            TokenBudget.DECODE_WIDTHS: (k + 2, 3 * (k + 1)),
+            TokenBudget.DECODE_WIDTHS: (2 * (k + 1) + 1, 3 * (k + 1)),
         }
         return ranges[self]
 
@@ -234,11 +234,12 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
     span, token = budgets.batched, budgets.token
     cap = None
     if not token.scales_with_b:
-        cap = _token_budget(draw, token, 0, k)
-    floors = [bounds.floor, seqs, span.at_least.at(k, slots)]
+        cap = _token_budget(draw, token, 0, k)  # its range does not read B
+    at_least = span.at_least.at(k, slots)
     if span.over_token_budget:
         assert cap is not None, f"B over the token budget needs one drawn first, not {token}"
-        floors[-1] += cap
+        at_least += cap
+    floors = [bounds.floor, seqs, at_least]
     if not chunked:
         floors.append(max_model_len)
     if not bounds.refused_too:
@@ -281,6 +282,13 @@ class Aim:
     machine: type[LockstepMachine]
     weight: int
 
+
+LOOSE_OVER_DECODE_WIDTHS = Budgets(
+    Span(at_least=PerDraft(per_slot=8), over_token_budget=True, extra=PerDraft(16)),
+    TokenBudget.DECODE_WIDTHS,
+)
+"""The token budget a few decodes wide, B above it by eight requests' slots and up to 16
+more: the token budget binds, the input budget never before it."""
 
 AIMS: dict[str, Aim] = {
     # Configs over the whole space, refused ones included. Small pools force preemption
@@ -352,31 +360,31 @@ AIMS: dict[str, Aim] = {
     # priority to the best. Blocks of two and a pool of one to 1.5 full requests run out
     # as the decodes grow: a decode short of a block preempts the worst, the first in the
     # order, scheduled before it (refunded), and a budget below the batch's need cuts a
-    # decode after it. The budget that binds is drawn: the token budget (one to three
-    # decode widths, B loose above it by eight requests' slots), so that a token refund
-    # that restores too much or too little shows; or the input budget (vLLM's default token
-    # budget, B one to three decode widths with their slots), so that an input refund that
-    # does shows. Where the policy caps admission by B the token budget always binds and B
-    # is raised to admit max_num_seqs: B of a few decode widths would run only B // K or
-    # B // (K + 1) requests at once, too few for a victim, the request preempting it and
-    # one cut after both.
+    # decode after it. The budget that binds is drawn: the token budget in two thirds of
+    # the draws (room for the victim's decode, the decode of the request preempting it and
+    # part or all of a third, which the refund's error then changes; with room for less
+    # than two, the request after the refund fits what was refunded exactly), with B loose
+    # above it by eight requests' slots, so that a token refund that restores too much or
+    # too little shows; or the input budget (vLLM's default token budget, B one to three
+    # decode widths with their slots), so that an input refund that does shows, in the
+    # other third (it reaches the event in about a fifth of its examples, the token
+    # budget in about two thirds). Where the policy caps admission by B the token budget
+    # always binds and B is raised to admit max_num_seqs: B of a few decode widths would
+    # run only B // K or B // (K + 1) requests at once, too few for a victim, the request
+    # preempting it and one cut after both. A max_model_len of 48 or 64 lets each decode
+    # live through more preemptions than 32 (which reached the event half as often).
     "refund": Aim(
         ConfigBounds(
             budgets=(
-                Budgets(
-                    Span(at_least=PerDraft(per_slot=8), over_token_budget=True, extra=PerDraft(16)),
-                    TokenBudget.DECODE_WIDTHS,
-                ),
-                Budgets(
-                    Span(at_least=PerDraft(per_slot=8), over_token_budget=True, extra=PerDraft(16)),
-                    TokenBudget.DECODE_WIDTHS,
-                ),
+                LOOSE_OVER_DECODE_WIDTHS,
+                LOOSE_OVER_DECODE_WIDTHS,
                 Budgets(
                     Span(at_least=PerDraft(2, 1, 1), up_to=PerDraft(3, 3, 3)),
                     needs_uncapped_admission=True,
                 ),
             ),
             block_sizes=(2,),
+            max_model_lens=(48, 64),
             max_num_seqs=(6, 8),
             pools=(Pool(1, 1.5),),
             policies=("priority",),

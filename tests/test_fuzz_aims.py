@@ -94,7 +94,7 @@ def test_the_bounds_arithmetic() -> None:
     assert Pool(1, 1, extra_blocks=4).range_at(10, 4) == (10, 14)
     assert TokenBudget.DEFAULT.range_at(16, 3) is None
     assert TokenBudget.ABOVE_B.range_at(16, 3) == (17, 40)
-    assert TokenBudget.DECODE_WIDTHS.range_at(16, 3) == (5, 12)
+    assert TokenBudget.DECODE_WIDTHS.range_at(16, 3) == (9, 12)
 
 
 @settings(max_examples=30, database=None, deadline=None)
