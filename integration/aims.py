@@ -360,23 +360,21 @@ AIMS: dict[str, Aim] = {
     # priority to the best. Blocks of two and a pool of one to 1.5 full requests run out
     # as the decodes grow: a decode short of a block preempts the worst, the first in the
     # order, scheduled before it (refunded), and a budget below the batch's need cuts a
-    # decode after it. The budget that binds is drawn: the token budget in two thirds of
-    # the draws (room for the victim's decode, the decode of the request preempting it and
-    # part or all of a third, which the refund's error then changes; with room for less
-    # than two, the request after the refund fits what was refunded exactly), with B loose
-    # above it by eight requests' slots, so that a token refund that restores too much or
-    # too little shows; or the input budget (vLLM's default token budget, B one to three
-    # decode widths with their slots), so that an input refund that does shows, in the
-    # other third (it reaches the event in about a fifth of its examples, the token
-    # budget in about two thirds). Where the policy caps admission by B the token budget
-    # always binds and B is raised to admit max_num_seqs: B of a few decode widths would
-    # run only B // K or B // (K + 1) requests at once, too few for a victim, the request
-    # preempting it and one cut after both. A max_model_len of 48 or 64 lets each decode
-    # live through more preemptions than 32 (which reached the event half as often).
+    # decode after it. The budget that binds is drawn: the token budget in half the draws,
+    # with room for the victim's decode, the decode of the request preempting it and part
+    # or all of a third, which the refund's error then changes (with room for less than
+    # two, the request after the refund fits what was refunded exactly), and B loose above
+    # it by eight requests' slots, so that a token refund that restores too much or too
+    # little shows; or the input budget (vLLM's default token budget, B one to three
+    # decode widths with their slots), so that an input refund that does shows. Where the
+    # policy caps admission by B the token budget always binds and B is raised to admit
+    # max_num_seqs: B of a few decode widths would run only B // K or B // (K + 1)
+    # requests at once, too few for a victim, the request preempting it and one cut after
+    # both. A max_model_len of 48 or 64 lets each decode live through more preemptions
+    # than 32 (which reached the event half as often).
     "refund": Aim(
         ConfigBounds(
             budgets=(
-                LOOSE_OVER_DECODE_WIDTHS,
                 LOOSE_OVER_DECODE_WIDTHS,
                 Budgets(
                     Span(at_least=PerDraft(2, 1, 1), up_to=PerDraft(3, 3, 3)),
