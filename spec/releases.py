@@ -16,8 +16,9 @@ A profile (``spec.profiles``) is a budget policy run on one release's behaviour:
 release profiles are the records' own ``profile_name`` with the record's
 ``budget_policy``; each proposal names the release it is checked on.
 
-``python -m dualbudget.spec.releases`` prints the known versions, one a line, for the
-install scripts.
+The install scripts build one vLLM environment per ``requirements/vllm-<version>.lock``;
+tests/test_packaging.py checks that those lock files name exactly these records.
+``python -m dualbudget.spec.releases`` prints the known versions, one a line.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 
 from dualbudget.integration.aims import (
     AIMS,
@@ -19,7 +19,7 @@ from dualbudget.integration.aims import (
     reserve,
 )
 from dualbudget.reference.kv import cdiv
-from dualbudget.spec.config import EngineConfig, check_engine_config
+from dualbudget.spec.config import ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named
 from dualbudget.spec.releases import RELEASES
@@ -85,6 +85,21 @@ def test_every_drawn_config_lies_within_its_aims_row(
 
 def test_mixed_alone_may_draw_a_refused_config() -> None:
     assert [name for name, aim in AIMS.items() if aim.configs.refused_too] == ["mixed"]
+
+    def refused(config: EngineConfig) -> bool:
+        try:
+            profile_named("vllm-0.33").policy.validate(config)
+        except ConfigError:
+            return True
+        return False
+
+    # A buffer at or below DFlash's lookahead: vLLM 0.33 refuses it.
+    config = find(
+        aimed_config(AIMS["mixed"].configs, "vllm-0.33", "dflash"),
+        refused,
+        settings=settings(max_examples=2000, database=None),
+    )
+    assert config.max_num_batched_tokens <= config.num_speculative_tokens + 1
 
 
 def test_the_bounds_arithmetic() -> None:
