@@ -31,11 +31,16 @@ class CheckOptions:
     """Worker processes of the fuzz; None: one per core."""
     json_path: str | None = None
     """Where the verdict goes as JSON; None: nowhere."""
+    junit_path: str | None = None
+    """Where the verdict goes as JUnit XML, one test case per stage (a CI's test report);
+    None: nowhere."""
     out_dir: str = DEFAULT_OUT_DIR
     """Where divergence scenarios and the fuzz's own JSON report go."""
     scheduler_cls: str | None = None
     """An import path of a vLLM ``Scheduler`` subclass to check instead of vLLM's."""
     top_up_rounds: int = FUZZ_TOP_UP_ROUNDS
+    vllm_src: str | None = None
+    """A vLLM source tree whose Python the fuzz runs over the installed vLLM."""
 
 
 @dataclass
@@ -70,7 +75,9 @@ def check(options: CheckOptions) -> int:
     from dualbudget.fuzz_cli import check_scheduler_cls, known_findings
     from dualbudget.integration.commands import FuzzOptions, run_fuzz_stage, write_json
     from dualbudget.integration.live import installed_vllm_version, quiet_vllm
+    from dualbudget.integration.vllm_source import use_vllm_source
 
+    use_vllm_source(options.vllm_src)  # before any import of vLLM, the scheduler class's too
     scheduler_cls = options.scheduler_cls
     check_scheduler_cls(scheduler_cls)  # bad input stops the job before any stage
     started = time.perf_counter()
@@ -94,6 +101,7 @@ def check(options: CheckOptions) -> int:
             out_dir=folder,
             scheduler_cls=scheduler_cls,
             top_up_rounds=options.top_up_rounds,
+            vllm_src=options.vllm_src,
         )
         checked = f", scheduler {scheduler_cls}" if scheduler_cls else ""
         verdict.stage(
@@ -110,4 +118,19 @@ def check(options: CheckOptions) -> int:
     print(f"overall: {'PASS' if verdict.ok else 'FAIL'} in {time.perf_counter() - started:.0f}s")
     report = {name: passed for name, passed, _ in rows}
     write_json(options.json_path, {"rows": [list(r) for r in rows], "pass": verdict.ok, **report})
+    if options.junit_path:
+        write_junit(rows, Path(options.junit_path))
     return 0 if verdict.ok else 1
+
+
+def write_junit(rows: list[tuple[str, str, str]], path: Path) -> None:
+    """The verdict as JUnit XML: a stage that did not pass is a failure carrying its row."""
+    from xml.etree import ElementTree
+
+    suite = ElementTree.Element("testsuite", name="dualbudget.check", tests=str(len(rows)))
+    suite.set("failures", str(sum(passed != "PASS" for _, passed, _ in rows)))
+    for name, passed, detail in rows:
+        case = ElementTree.SubElement(suite, "testcase", classname="dualbudget.check", name=name)
+        if passed != "PASS":
+            ElementTree.SubElement(case, "failure", message=detail)
+    ElementTree.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from dualbudget.campaign.executor import EXECUTORS
 from dualbudget.check import CheckOptions
 from dualbudget.diff_cli import DEFAULT_SEARCH_LAYOUT, DiffOptions
 from dualbudget.integration.commands import BenchOptions, FuzzOptions
@@ -30,6 +31,7 @@ from dualbudget.reference.replay import ReplayOptions
 from dualbudget.reference.simulate import CALIBRATIONS
 from dualbudget.reference.workload import DEFAULT_WORKLOAD, PRESETS, WorkloadOptions
 from dualbudget.report import ReportOptions
+from dualbudget.settings_cli import SettingsOptions
 from dualbudget.simulate_cli import SimulateOptions
 from dualbudget.spec.contract import CONTRACT_IDS
 from dualbudget.spec.errors import BadInput
@@ -125,8 +127,17 @@ class _Command:
         return action
 
 
+def _vllm_src_flag(command: _Command) -> None:
+    command.flag(
+        "--vllm-src", metavar="DIR",
+        help="check the vLLM source tree DIR (holding vllm/): its Python over the installed"
+        " vLLM's compiled parts, no build; its profile is detected by decisions",
+    )  # fmt: skip
+
+
 def _live_flags(command: _Command) -> None:
     """The fuzz's flags that ``fuzz`` and ``check`` share."""
+    _vllm_src_flag(command)
     command.flag(
         "--scheduler-cls", metavar="MODULE.CLASS",
         help="check this vLLM Scheduler subclass (module:Class or module.Class, as vLLM's"
@@ -143,11 +154,28 @@ def _live_flags(command: _Command) -> None:
     )  # fmt: skip
 
 
+def _executor_flags(command: _Command) -> None:
+    """Where a command's units run (``campaign.executor``, docs/campaigns.md)."""
+    command.flag(
+        "--executor", choices=EXECUTORS,
+        help="local processes (--jobs of them) or Ray actors (default %(default)s)",
+    )  # fmt: skip
+    command.flag(
+        "--ray-address", metavar="ADDR",
+        help="the Ray cluster of --executor ray (auto: the one `ray start` left here;"
+        " default: $RAY_ADDRESS, else a local Ray for the run)",
+    )  # fmt: skip
+    command.flag(
+        "--campaign", metavar="DIR",
+        help="keep every finished unit in DIR/campaign.sqlite; a rerun with DIR resumes",
+    )  # fmt: skip
+
+
 def _simulate_flags(command: _Command) -> None:
     source = command.parser.add_mutually_exclusive_group()
     command.flag(
-        "--workload", within=source, metavar="NAME",
-        help=f"a preset (default: {DEFAULT_WORKLOAD})",
+        "--workload", within=source, action=_Choose, metavar="NAME",
+        help=f"a preset (default: {DEFAULT_WORKLOAD}); repeatable with --sweep",
     )  # fmt: skip
     command.flag("--scenario", within=source, metavar="FILE", help="a scenario JSON file")
     command.flag(
@@ -183,6 +211,28 @@ def _simulate_flags(command: _Command) -> None:
     command.flag("--json", dest="json_path", metavar="FILE")
     command.flag("--plot", metavar="DIR", help="write PNG plots here")
     command.flag("--quiet", action="store_true", help="no progress lines")
+    _sweep_flags(command)
+
+
+def _sweep_flags(command: _Command) -> None:
+    from dualbudget.reference.sweep import GRID_ALIASES, GRID_KEYS
+
+    command.flag(
+        "--sweep", action="store_true",
+        help="simulate every --grid cell x --profile x --workload as units, into one table",
+    )  # fmt: skip
+    command.flag(
+        "--grid", nargs="+", metavar="KEY=V1,V2",
+        help=f"the sweep's grid; keys: {', '.join((*GRID_KEYS, *GRID_ALIASES))}",
+    )  # fmt: skip
+    command.flag("--num-requests", type=int, metavar="N", help="the sweep's requests per preset")
+    command.flag(
+        "--differ-above", type=float, metavar="X",
+        help="mark a cell whose profiles differ by more than this fraction (default %(default)s)",
+    )  # fmt: skip
+    command.flag("--csv", dest="csv_path", metavar="FILE", help="the sweep's table as CSV")
+    command.flag("--executor", metavar="NAME", help="local or ray (default %(default)s)")
+    command.flag("--ray-address", metavar="ADDR", help="default: a local Ray for the run")
 
 
 def _diff_flags(command: _Command) -> None:
@@ -190,8 +240,9 @@ def _diff_flags(command: _Command) -> None:
         "--profile", dest="profiles", action=_Choose, metavar="NAME", help="twice: A, then B"
     )
     command.flag(
-        "--layout", metavar="L",
-        help=f"the method layout (default: the workload's; {DEFAULT_SEARCH_LAYOUT} with --search)",
+        "--layout", action=_Choose, metavar="L",
+        help=f"the method layout (default: the workload's; {DEFAULT_SEARCH_LAYOUT} with --search;"
+        " repeatable with --search)",
     )  # fmt: skip
     command.flag("--workload", metavar="NAME", help=f"a preset (default {DEFAULT_WORKLOAD})")
     command.flag("--scenario", metavar="FILE", help="a scenario JSON file")
@@ -201,6 +252,13 @@ def _diff_flags(command: _Command) -> None:
     command.flag("--max-seconds", type=float, help="search time cap (default %(default)s)")
     command.flag("--out", metavar="FILE", help="where --search writes its scenario")
     command.flag("--json", dest="json_path", metavar="FILE")
+    command.flag(
+        "--seeds", type=_positive_int, metavar="N",
+        help="--search runs seeds SEED..SEED+N-1, one unit per layout and seed",
+    )  # fmt: skip
+    command.flag("--executor", metavar="NAME", help="local or ray (default %(default)s)")
+    command.flag("--jobs", type=_nonnegative_int, help="the executor's width (default %(default)s)")
+    command.flag("--ray-address", metavar="ADDR", help="default: a local Ray for the run")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     workload.flag("--out", metavar="FILE", help="default: standard output")
 
     prove = _Command(
-        sub, "prove", ProveOptions, "dualbudget.proofs.commands:prove",
+        sub, "prove", ProveOptions, "dualbudget.prove_cli:prove",
         "prove every policy against the contract with z3",
     )  # fmt: skip
     prove.flag("--profile", dest="profiles", action=_Choose, choices=PROFILE_NAMES)
@@ -248,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     prove.flag("--json", dest="json_path", metavar="FILE")
     prove.flag("--junit", dest="junit_path", metavar="FILE")
     prove.flag("--witness-dir", type=Path, metavar="DIR", help="where witness scenarios go")
+    prove.flag("--executor", metavar="NAME", help="where --reach runs: local or ray")
+    prove.flag("--jobs", type=_nonnegative_int, help="the executor's width (default: the pool's)")
+    prove.flag("--ray-address", metavar="ADDR", help="default: a local Ray for the run")
 
     fuzz = _Command(
         sub, "fuzz", FuzzOptions, "dualbudget.fuzz_cli:fuzz",
@@ -265,7 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-coverage-gate", dest="coverage_gate", action="store_false",
         help="do not fail on a coverage counter at 0",
     )  # fmt: skip
+    fuzz.flag(
+        "--monitor-only", action="store_true",
+        help="check the live scheduler against the contract monitor alone, no reference"
+        " (chosen when no profile matches)",
+    )  # fmt: skip
     _live_flags(fuzz)
+    _executor_flags(fuzz)
 
     bench = _Command(
         sub, "bench", BenchOptions, "dualbudget.integration.commands:bench",
@@ -277,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed runs per workload and mode (default %(default)s); the median is reported",
     )  # fmt: skip
     bench.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
+    _vllm_src_flag(bench)
 
     check = _Command(
         sub, "check", CheckOptions, "dualbudget.check:check",
@@ -286,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.flag("--fuzz-seconds", type=_nonnegative_float, help="time cap of the fuzz")
     check.flag("--seed", type=int)
     check.flag("--json", dest="json_path", metavar="FILE")
+    check.flag("--junit", dest="junit_path", metavar="FILE", help="the verdict as JUnit XML")
     check.flag("--out-dir", metavar="DIR", help="where divergence scenarios go")
     _live_flags(check)
 
@@ -297,9 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.flag("--operators", nargs="+", metavar="OP", help="default: all")
     mutate.flag("--examples", type=_positive_int, help="fuzz examples per mutant")
     mutate.flag("--seed", type=int)
-    mutate.flag("--jobs", type=_positive_int, help="worker processes (default: cores)")
+    mutate.flag("--jobs", type=_positive_int, help="mutants at once (default: cores)")
+    _executor_flags(mutate)
     mutate.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
     mutate.flag("--out-dir", metavar="DIR", help="where the killers' scenarios go")
+    _vllm_src_flag(mutate)
 
     simulate = _Command(
         sub, "simulate", SimulateOptions, "dualbudget.simulate_cli:simulate_command",
@@ -317,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "report", ReportOptions, "dualbudget.report:report",
         "write the design-review document",
     )  # fmt: skip
-    report.flag("--out", metavar="DIR", required=True)
+    report.flag("--out", metavar="DIR", help="the document's folder (required unless --upstream)")
     report.flag("--seed", type=int, help="seed of the standard workloads")
     report.flag("--quick", action="store_true", help="smaller workloads, no proofs")
     report.flag("--fuzz-json", metavar="FILE", help="a `dualbudget fuzz --json` result to include")
@@ -325,6 +396,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration", metavar="NAME",
         help="the step-time model's calibration, as `dualbudget simulate --calibration`",
     )  # fmt: skip
+    report.flag(
+        "--upstream", metavar="DIR",
+        help="instead: a standalone vLLM pytest file per finding the installed vLLM exhibits",
+    )  # fmt: skip
+    report.flag(
+        "--check-junit", metavar="FILE",
+        help="with --upstream: compare a pytest JUnit XML of DIR with its manifest",
+    )  # fmt: skip
+
+    settings = _Command(
+        sub, "settings", SettingsOptions, "dualbudget.settings_cli:settings_command",
+        "the vLLM settings that change decisions: defaults, modelled or refused",
+    )  # fmt: skip
+    settings.flag("--json", action="store_true", help="the table as JSON")
     return parser
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ class DiffOptions:
 
     profiles: tuple[str, ...] = ()
     """Exactly two: A, then B."""
-    layout: str | None = None
-    """The method layout; None: the workload's (``DEFAULT_SEARCH_LAYOUT`` for a search)."""
+    layout: tuple[str, ...] = ()
+    """The method layout; empty: the workload's (``DEFAULT_SEARCH_LAYOUT`` for a search).
+    Several only with ``search``: each layout searched on its own."""
     workload: str | None = None
     """A preset; None, and no ``scenario`` either: ``DEFAULT_WORKLOAD``."""
     scenario: str | None = None
@@ -62,6 +64,15 @@ class DiffOptions:
     out: str | None = None
     """Where the search writes its scenario; None: under ``DEFAULT_OUT``."""
     json_path: str | None = None
+    seeds: int = 1
+    """The search runs the seeds ``seed`` .. ``seed + seeds - 1``, each ``examples``
+    examples: one unit per layout and seed."""
+    executor: str = "local"
+    """Where the search's units run: ``local`` processes (``jobs``) or ``ray``."""
+    jobs: int = 1
+    """Processes of the local executor (``ray``: actors; 0 there: one per CPU)."""
+    ray_address: str | None = None
+    """The Ray cluster of ``--executor ray``; None: a local Ray started for the run."""
 
 
 @dataclass(frozen=True)
@@ -125,16 +136,20 @@ def _source(options: DiffOptions) -> tuple[str, Scenario]:
 
 def diff_command(options: DiffOptions) -> int:
     a, b = _profiles(options)
-    if options.layout is not None:
-        layout_named(options.layout)
+    for layout in options.layout:
+        layout_named(layout)
     if options.search:
         if options.workload or options.scenario:
             raise BadInput("--search: searches its own scenarios; no --workload or --scenario")
         if options.examples < 1 or options.max_seconds <= 0:
             raise BadInput("--examples must be >= 1 and --max-seconds > 0")
         return _search_command(options, a, b)
+    if len(options.layout) > 1:
+        raise BadInput("--layout: give one layout, or several with --search")
+    if options.seeds != 1:
+        raise BadInput("--seeds: only with --search")
     name, scenario = _source(options)
-    scenario = _with_layout(scenario, options.layout)
+    scenario = _with_layout(scenario, options.layout[0] if options.layout else None)
     result = compare(scenario, a, b)
     print(f"workload: {name}, {len(scenario.requests)} requests")
     print_comparison(result, sys.stdout)
@@ -168,48 +183,128 @@ def print_comparison(result: Comparison, out: Any) -> None:
 # -- the search --------------------------------------------------------------------------
 
 
-def _search_command(options: DiffOptions, a: str, b: str) -> int:
+@dataclass(frozen=True)
+class SearchUnit:
+    """One search of ``diff --search``: a layout and a seed; its answer is what
+    ``diff --search --layout LAYOUT --seed SEED`` gives on its own (a time cap aside:
+    ``max_seconds`` holds per unit, and a capped search depends on the machine)."""
+
+    a: str
+    b: str
+    layout: str
+    seed: int
+    examples: int
+    max_seconds: float
+
+
+def prove_layout(unit: tuple[str, str, str]) -> tuple[bool, str]:
+    """z3's answer for one layout (``proofs/same_decisions.py``): whether ``a`` and ``b``
+    make the same decisions for every config in ``SEARCH_BOUNDS``, and why (or why not)."""
     from dualbudget.proofs.same_decisions import Bounds, same_decisions
 
-    layout = options.layout or DEFAULT_SEARCH_LAYOUT
+    a, b, layout = unit
+    bounds = SEARCH_BOUNDS
+    proof = same_decisions(a, b, layout, Bounds(bounds.b, bounds.m, bounds.k))
+    return proof.equal, proof.reason
+
+
+def search_unit(unit: SearchUnit) -> Found:
+    """The seeded search of one unit (module level: the executor's workers import it)."""
+    return search(unit.a, unit.b, unit.layout, unit.seed, unit.examples, unit.max_seconds)
+
+
+def _search_command(options: DiffOptions, a: str, b: str) -> int:
+    from dualbudget.campaign.executor import (
+        EXECUTORS,
+        ExecutorUnavailable,
+        UnitFailed,
+        executor_for,
+    )
+
+    if options.seeds < 1:
+        raise BadInput("--seeds: must be >= 1")
+    if options.executor not in EXECUTORS:
+        raise BadInput(f"--executor: unknown {options.executor!r} (known: {', '.join(EXECUTORS)})")
+    if options.jobs < 0 or (options.jobs == 0 and options.executor == "local"):
+        raise BadInput("--jobs: must be >= 1 (0: every CPU of a Ray cluster)")
+    layouts = list(dict.fromkeys(options.layout or (DEFAULT_SEARCH_LAYOUT,)))
     bounds = SEARCH_BOUNDS
     started = time.perf_counter()
-    proof = same_decisions(a, b, layout, Bounds(bounds.b, bounds.m, bounds.k))
-    print(f"bounds: {bounds.text()}; layout {layout}")
-    print(f"z3 ({time.perf_counter() - started:.1f} s): {proof.reason}")
-    data: dict[str, Any]
-    if proof.equal:
-        data = {
-            "profiles": [a, b],
-            "layout": layout,
-            "differs": False,
-            "proved_equal": True,
-            "reason": proof.reason,
-            "bounds": bounds.text(),
-        }
+    try:
+        with executor_for(options.executor, options.jobs, options.ray_address) as executor:
+            proofs = dict(
+                zip(
+                    layouts,
+                    executor.map(prove_layout, [(a, b, layout) for layout in layouts], layouts),
+                    strict=True,
+                )
+            )
+            units = [
+                SearchUnit(a, b, layout, seed, options.examples, options.max_seconds)
+                for layout in layouts
+                if not proofs[layout][0]
+                for seed in range(options.seed, options.seed + options.seeds)
+            ]
+            ids = [f"{u.layout} seed {u.seed}" for u in units]
+            answers = list(executor.map(search_unit, units, ids))
+    except UnitFailed as err:
+        raise BadInput(f"--search: {err}") from None
+    except ExecutorUnavailable as err:
+        raise BadInput(f"--executor {options.executor}: {err}") from None
+    wall = time.perf_counter() - started
+    print(f"bounds: {bounds.text()}; layout {', '.join(layouts)}")
+    for layout, (_, reason) in proofs.items():
+        print(f"z3 ({layout}): {reason}")
+    data: dict[str, Any] = {
+        "profiles": [a, b],
+        "layout": layouts[0],
+        "layouts": {
+            layout: {"proved_equal": equal, "reason": reason}
+            for layout, (equal, reason) in proofs.items()
+        },
+        "bounds": bounds.text(),
+    }
+    if not units:
+        data.update({"differs": False, "proved_equal": True, "reason": proofs[layouts[0]][1]})
     else:
-        found = search(a, b, layout, options.seed, options.examples, options.max_seconds)
-        data = {
-            "profiles": [a, b],
-            "layout": layout,
-            "proved_equal": False,
-            "separated_by": proof.reason,
-            "bounds": bounds.text(),
-            "examples": found.examples,
-            "seconds": round(found.seconds, 1),
-            "time_capped": found.time_capped,
-        }
-        if found.best is None:
-            print(f"no difference found in {found.examples} examples ({found.seconds:.0f} s)")
+        best = _best(units, answers)
+        layout = units[best].layout if best is not None else units[0].layout
+        data.update(
+            {
+                "layout": layout,
+                "proved_equal": False,
+                "separated_by": proofs[layout][1],
+                "examples": sum(found.examples for found in answers),
+                "seconds": round(wall, 1),
+                "time_capped": any(found.time_capped for found in answers),
+                "units": [
+                    {
+                        "layout": unit.layout,
+                        "seed": unit.seed,
+                        "examples": found.examples,
+                        "differs": found.best is not None,
+                        "score": list(_score(found.best[1])) if found.best else None,
+                    }
+                    for unit, found in zip(units, answers, strict=True)
+                ],
+            }
+        )
+        if best is None:
+            examples = data["examples"]
+            print(f"no difference found in {examples} examples ({wall:.0f} s)")
             data.update({"differs": False, "first_step": None, "totals": None, "scenario": None})
         else:
+            found = answers[best]
+            assert found.best is not None
             scenario, result = found.best
+            seed = units[best].seed
             out = Path(options.out) if options.out else DEFAULT_OUT / f"{a}-vs-{b}-{layout}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             dump_scenario(scenario, out)
             print(
-                f"widest difference in {found.examples} examples ({found.seconds:.0f} s):"
-                f" {len(scenario.requests)} requests, B={scenario.config.max_num_batched_tokens},"
+                f"widest difference in {data['examples']} examples ({wall:.0f} s), layout"
+                f" {layout} seed {seed}: {len(scenario.requests)} requests,"
+                f" B={scenario.config.max_num_batched_tokens},"
                 f" max_num_seqs={scenario.config.max_num_seqs},"
                 f" K={scenario.config.num_speculative_tokens}; scenario {out}"
             )
@@ -218,6 +313,23 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
     if options.json_path:
         Path(options.json_path).write_text(json.dumps(data, indent=1) + "\n")
     return 0
+
+
+def _best(units: Sequence[SearchUnit], answers: Sequence[Found]) -> int | None:
+    """The unit whose difference is widest (``_score``); the first in unit order on a tie,
+    so the answer does not depend on which unit finished first."""
+    best: int | None = None
+    for i, found in enumerate(answers):
+        if found.best is None:
+            continue
+        if best is None or _score(found.best[1]) > _score(_comparison(answers[best])):
+            best = i
+    return best
+
+
+def _comparison(found: Found) -> Comparison:
+    assert found.best is not None
+    return found.best[1]
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 The command line fills what ``integration/`` may not read itself: the known findings come
 from the proofs' manifest (``proofs.manifest.expected_findings``), the one list of the
-policies' expected failures, narrowed to the items the reference checks every step; and a
-``--scheduler-cls`` that names no vLLM scheduler is bad input naming the flag.
+policies' expected failures, narrowed to the items a live step is checked for (by the
+reference and by the contract monitor); and a ``--scheduler-cls`` that names no vLLM
+scheduler is bad input naming the flag.
 """
 
 from __future__ import annotations
@@ -16,17 +17,38 @@ if TYPE_CHECKING:
     from dualbudget.integration.commands import FuzzOptions
     from dualbudget.integration.outcome import FindingKey
 
-STEP_CHECKED = ("C1", "C2", "C3")
+REFERENCE_CHECKED = ("C1", "C2", "C3")
 """The contract items the reference checks after every step (``spec.invariants.
-step_violations``): the only breaks a fuzz can find."""
+step_violations``)."""
+
+
+def step_checked() -> tuple[str, ...]:
+    """The contract items a live step is checked for: the reference's and the contract
+    monitor's (``integration.monitor.MONITORED``): the only breaks a fuzz can find."""
+    from dualbudget.integration.monitor import MONITORED
+
+    return tuple(sorted({*REFERENCE_CHECKED, *MONITORED}))
+
+
+OF_THE_CONFIG = ("C4-converse",)
+"""Checks of a step-checked item that speak of the configs a policy accepts, never of a
+step: their failures are no known finding of a live step (a refused config is void)."""
 
 
 def known_findings() -> frozenset[FindingKey]:
-    """(profile, layout, contract) of every expected failure of the proofs that the
-    reference's per-step check sees: a fuzz that meets one reports it and goes on."""
-    from dualbudget.proofs.manifest import expected_findings
+    """(profile, layout, contract) of every expected failure of the proofs that a live
+    step's checks see: a fuzz that meets one reports it as known and goes on."""
+    from dualbudget.proofs.manifest import load_manifest
+    from dualbudget.proofs.obligations import catalog
 
-    return frozenset(key for key in expected_findings() if key[2] in STEP_CHECKED)
+    checked, manifest = step_checked(), load_manifest()
+    return frozenset(
+        (ob.profile, ob.layout, ob.contract)
+        for ob in catalog()
+        if ob.contract in checked
+        and ob.check not in OF_THE_CONFIG
+        and manifest.expected(ob.name) == "fails"
+    )
 
 
 def check_scheduler_cls(path: str | None) -> None:
@@ -51,6 +73,8 @@ def fuzz(options: FuzzOptions) -> int:
     """The fuzz stage (or, with ``options.replay``, one scenario's lockstep), after the
     check of ``--scheduler-cls``."""
     from dualbudget.integration.commands import run_fuzz_stage
+    from dualbudget.integration.vllm_source import use_vllm_source
 
+    use_vllm_source(options.vllm_src)  # before the class check imports vLLM
     check_scheduler_cls(options.scheduler_cls)
     return run_fuzz_stage(options)

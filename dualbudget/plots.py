@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dualbudget.reference.simulate import SimResult
+from dualbudget.reference.sweep import CellVerdict, SweepRow, cell_label
 
 MAX_POINTS = 4000
 """Long runs are drawn as per-bucket means (and maxima for rows) of at most this many
@@ -95,3 +96,68 @@ def _save(fig: object, path: Path, plt: object) -> Path:
     fig.savefig(path, dpi=110)  # type: ignore[attr-defined]
     plt.close(fig)  # type: ignore[attr-defined]
     return path
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+"""One marker per profile of a sweep plot: profiles that tie stay visible."""
+
+
+def write_sweep_plots(
+    rows: Sequence[SweepRow],
+    cells: Sequence[CellVerdict],
+    directory: Path,
+    differ_above: float,
+) -> list[Path]:
+    """One PNG per workload of a sweep (``sweep-WORKLOAD.png``): per cell, each profile's
+    milliseconds per output token, the best profile's name above it, and the cells where
+    the profiles differ by more than ``differ_above`` shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    workloads = list(dict.fromkeys(v.workload for v in cells))
+    profiles = list(dict.fromkeys(r.profile for r in rows))
+    for workload in workloads:
+        mine = [v for v in cells if v.workload == workload]
+        index = {v.cell: i for i, v in enumerate(mine)}
+        fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(mine) + 3), 5))
+        for i, v in enumerate(mine):
+            if v.differs:
+                ax.axvspan(i - 0.45, i + 0.45, color="gold", alpha=0.3, lw=0)
+        for p, profile in enumerate(profiles):
+            points = [
+                (index[r.cell], 1000 * r.time_per_output_token)
+                for r in rows
+                if r.workload == workload and r.profile == profile and r.refused is None
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(
+                    xs, ys, ls="none", marker=MARKERS[p % len(MARKERS)], ms=8 - p,
+                    label=profile, alpha=0.85,
+                )  # fmt: skip
+        top = max(
+            (1000 * r.time_per_output_token for r in rows if r.workload == workload),
+            default=1.0,
+        )
+        for i, v in enumerate(mine):
+            if v.best is not None:
+                ax.annotate(
+                    v.best, (i, top * 1.04), ha="center", va="bottom", fontsize=7, rotation=90
+                )
+        ax.set_xticks(range(len(mine)))
+        ax.set_xticklabels([cell_label(v.cell) for v in mine], rotation=60, ha="right", fontsize=7)
+        ax.set_ylim(0, top * 1.45 if top > 0 else 1.0)
+        ax.set_ylabel("ms per output token (calibrated model)")
+        ax.set_title(
+            f"{workload}: best profile per cell (named above); shaded: profiles differ by"
+            f" more than {100 * differ_above:g}%",
+            fontsize=10,
+        )
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        written.append(_save(fig, directory / f"sweep-{workload}.png", plt))
+    return written

@@ -417,8 +417,8 @@ def simulation_section(
 class ReportOptions:
     """One ``dualbudget report`` run (``report``); its defaults are the flags'."""
 
-    out: str
-    """The folder the document and its plots go to."""
+    out: str | None = None
+    """The folder the document and its plots go to (required unless ``upstream``)."""
     seed: int = 0
     """The seed of the standard workloads."""
     quick: bool = False
@@ -427,9 +427,45 @@ class ReportOptions:
     """A ``dualbudget fuzz --json`` result to include; None: the document says it has none."""
     calibration: str = DEFAULT_CALIBRATION
     """The step-time model's calibration, as ``dualbudget simulate --calibration``."""
+    upstream: str | None = None
+    """A folder for the regression tests upstream: one standalone pytest file per finding
+    or crash the installed vLLM exhibits, with their manifest (integration/upstream.py);
+    instead of the document."""
+    check_junit: str | None = None
+    """With ``upstream``: write nothing, compare this pytest JUnit XML of a run of the
+    folder with its manifest (exactly the predicted failures)."""
+
+
+def upstream_report(folder: Path, check_junit: str | None) -> int:
+    """``report --upstream DIR``: exit 0 when what ran matches what the proofs and the
+    crash records predict for the installed vLLM (or, with ``check_junit``, when the run
+    failed exactly the predicted tests), else 1."""
+    from dualbudget.integration.commands import vllm_or_exit
+    from dualbudget.integration.upstream import check_junit as check
+    from dualbudget.integration.upstream import summary_lines, write_upstream
+
+    if check_junit is not None:
+        problems = check(folder, Path(check_junit))
+        for problem in problems:
+            print(f"MISMATCH {problem}")
+        print(f"{folder}: {'as predicted' if not problems else f'{len(problems)} mismatches'}")
+        return 1 if problems else 0
+    if vllm_or_exit("report --upstream") is None:
+        return 2
+    started = time.perf_counter()
+    result = write_upstream(folder)
+    print("\n".join(summary_lines(result, folder)))
+    print(f"written in {time.perf_counter() - started:.1f} s")
+    return 1 if result.mismatches else 0
 
 
 def report(options: ReportOptions) -> int:
+    if options.upstream is not None:
+        return upstream_report(Path(options.upstream), options.check_junit)
+    if options.check_junit is not None:
+        raise BadInput("--check-junit: needs --upstream DIR, the folder it checks")
+    if options.out is None:
+        raise BadInput("--out: required (the folder of the design-review document)")
     out = Path(options.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

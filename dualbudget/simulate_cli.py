@@ -7,6 +7,7 @@ there are cores for it, the table, ``--json`` and ``--plot``.
 
 from __future__ import annotations
 
+import csv
 import json
 import multiprocessing
 import os
@@ -37,6 +38,18 @@ from dualbudget.reference.simulate import (
     simulate,
     to_json,
 )
+from dualbudget.reference.sweep import (
+    Cell,
+    CellVerdict,
+    SweepRow,
+    cell_label,
+    csv_rows,
+    parse_grid,
+    run_unit,
+    sweep_units,
+    table_json,
+    verdicts,
+)
 from dualbudget.reference.trace import read_trace
 from dualbudget.reference.workload import DEFAULT_WORKLOAD, preset
 from dualbudget.spec.errors import BadInput
@@ -55,8 +68,9 @@ class SimulateOptions:
     The workload is one of ``trace``, ``scenario`` and ``workload``, in that order; none
     given: the preset ``DEFAULT_WORKLOAD``."""
 
-    workload: str | None = None
-    """A preset of ``reference.workload.PRESETS``, run with ``seed``."""
+    workload: tuple[str, ...] = ()
+    """A preset of ``reference.workload.PRESETS``, run with ``seed``; several only with
+    ``sweep``."""
     scenario: str | None = None
     """A scenario JSON file."""
     trace: str | None = None
@@ -85,6 +99,23 @@ class SimulateOptions:
     """A folder for PNG plots; None: no plots."""
     quiet: bool = False
     """No progress lines."""
+    sweep: bool = False
+    """Simulate every cell of ``grid`` under every profile, on every ``workload`` preset,
+    as units of the executor (``reference.sweep``), into one table."""
+    grid: tuple[str, ...] = ()
+    """``KEY=V1,V2,...`` items, each key one of vLLM's config names
+    (``reference.sweep.GRID_KEYS``); empty: the one cell of the workload's own config."""
+    num_requests: int | None = None
+    """A sweep runs at most this many of each preset's requests; None: all."""
+    differ_above: float = 0.05
+    """A sweep marks a cell where the worst profile's time per output token exceeds the
+    best's by more than this fraction."""
+    csv_path: str | None = None
+    """Where a sweep writes its table as CSV."""
+    executor: str = "local"
+    """Where a sweep's units run: ``local`` processes (``jobs`` of them) or ``ray``."""
+    ray_address: str | None = None
+    """The Ray cluster of ``--executor ray``; None: a local Ray started for the run."""
 
 
 def load_workload(options: SimulateOptions) -> tuple[str, Scenario]:
@@ -106,7 +137,9 @@ def load_workload(options: SimulateOptions) -> tuple[str, Scenario]:
     elif options.scenario:
         name, scenario = options.scenario, load_scenario(options.scenario)
     else:
-        name = options.workload or DEFAULT_WORKLOAD
+        if len(options.workload) > 1:
+            raise BadInput("--workload: give one workload, or several with --sweep")
+        name = options.workload[0] if options.workload else DEFAULT_WORKLOAD
         scenario = preset(name).scenario(options.seed)
         name = f"{name} (seed {options.seed})"
     return name, with_overrides(
@@ -219,6 +252,10 @@ def run_profiles(
 
 
 def simulate_command(options: SimulateOptions) -> int:
+    if options.sweep:
+        return sweep_command(options)
+    if options.grid:
+        raise BadInput("--grid: only with --sweep")
     started = time.perf_counter()
     profiles = list(options.profiles)
     check_profiles(profiles)
@@ -376,4 +413,151 @@ def print_report(
             )
         if r.stall:
             print(f"{r.profile}: {r.stall}", file=out)
+    print(TIME_NOTE, file=out)
+
+
+# -- the sweep ---------------------------------------------------------------------------
+
+
+def sweep_command(options: SimulateOptions) -> int:
+    """``simulate --sweep``: every (workload, cell, profile) a unit of the executor, the
+    rows merged in unit order into one table (stdout, ``--json``, ``--csv``) and a plot
+    per workload (``--plot``)."""
+    from dualbudget.campaign.executor import (
+        EXECUTORS,
+        ExecutorUnavailable,
+        UnitFailed,
+        default_width,
+        executor_for,
+    )
+
+    if options.scenario or options.trace:
+        raise BadInput("--sweep: sweeps presets (--workload); not --scenario or --trace")
+    if options.executor not in EXECUTORS:
+        raise BadInput(f"--executor: unknown {options.executor!r} (known: {', '.join(EXECUTORS)})")
+    if options.jobs is not None and options.jobs < 1:
+        raise BadInput("--jobs: must be >= 1")
+    if options.num_requests is not None and options.num_requests < 1:
+        raise BadInput("--num-requests: must be >= 1")
+    if options.max_steps is not None and options.max_steps < 1:
+        raise BadInput("--max-steps: must be >= 1")
+    if options.differ_above < 0:
+        raise BadInput("--differ-above: must be >= 0")
+    overrides = (
+        options.max_num_batched_tokens,
+        options.max_num_seqs,
+        options.speculative_config,
+        options.enable_prefix_caching,
+    )
+    if any(value is not None for value in overrides):
+        raise BadInput("--sweep: vary the config with --grid, not with the override flags")
+    grid = parse_grid(options.grid)
+    profiles = list(options.profiles)
+    check_profiles(profiles)
+    workloads = list(dict.fromkeys(options.workload or (DEFAULT_WORKLOAD,)))
+    for name in workloads:
+        preset(name)  # BadInput here, not in a worker
+    calibration = time_model(options)
+    units = sweep_units(
+        grid,
+        profiles,
+        workloads,
+        seed=options.seed,
+        model=calibration.model,
+        num_requests=options.num_requests,
+        max_steps=options.max_steps,
+    )
+    ids = [f"{u.workload} {cell_label(u.cell)} {u.profile}" for u in units]
+    started = time.perf_counter()
+    local = options.executor == "local"
+    width = options.jobs or (default_width() if local else 0)
+    done = [0]
+
+    def progress(index: int, _: object) -> None:
+        done[0] += 1
+        if not options.quiet:
+            print(f"sweep: {done[0]}/{len(units)} units ({ids[index]})", file=sys.stderr)
+
+    try:
+        with executor_for(options.executor, width, options.ray_address) as executor:
+            rows = list(executor.map(run_unit, units, ids, on_done=progress))
+    except UnitFailed as err:
+        raise BadInput(f"--sweep: {err}") from None
+    except ExecutorUnavailable as err:
+        raise BadInput(f"--executor {options.executor}: {err}") from None
+    wall = time.perf_counter() - started
+    header = {
+        "seed": options.seed,
+        "num_requests": options.num_requests,
+        "max_steps": options.max_steps,
+        "workloads": workloads,
+        "profiles": profiles,
+        "calibration": {
+            "name": calibration.name,
+            "a": calibration.model.a,
+            "b": calibration.model.b,
+            "c": calibration.model.c,
+        },
+    }
+    cells = verdicts(rows, options.differ_above)
+    print_sweep(rows, cells, calibration, options.differ_above, sys.stdout)
+    print(
+        f"wall time: {wall:.1f} s for {len(units)} units on {options.executor}"
+        f" x {width or 'every CPU'}"
+    )
+    if options.json_path:
+        document = table_json(grid, rows, options.differ_above, header)
+        Path(options.json_path).write_text(json.dumps(document, indent=1) + "\n")
+    if options.csv_path:
+        with Path(options.csv_path).open("w", newline="") as out:
+            csv.writer(out).writerows(csv_rows(grid, rows))
+    if options.plot:
+        from dualbudget.plots import write_sweep_plots
+
+        for path in write_sweep_plots(rows, cells, Path(options.plot), options.differ_above):
+            print(f"plot: {path}")
+    return 0
+
+
+def print_sweep(
+    rows: Sequence[SweepRow],
+    cells: Sequence[CellVerdict],
+    calibration: Calibration,
+    differ_above: float,
+    out: TextIO,
+) -> None:
+    """Per workload and cell, each profile's output tokens per step and milliseconds per
+    output token, the best profile and whether the profiles differ above the threshold."""
+    model = calibration.model
+    print(
+        f"step time model: t = {model.a:g} s + {model.b:g} s*T + {model.c:g} s*D,"
+        f" calibration {calibration.name}; per profile: output tokens/step,"
+        " ms per output token*",
+        file=out,
+    )
+    by_cell: dict[tuple[str, Cell], list[SweepRow]] = {}
+    for row in rows:
+        by_cell.setdefault((row.workload, row.cell), []).append(row)
+    for verdict in cells:
+        parts = []
+        for row in by_cell[(verdict.workload, verdict.cell)]:
+            if row.refused is not None:
+                parts.append(f"{row.profile} refused")
+                continue
+            broken = f" [{', '.join(row.violations)}]" if row.violations else ""
+            parts.append(
+                f"{row.profile} {row.output_tokens_per_step:.2f}"
+                f" {1000 * row.time_per_output_token:.3f}{broken}"
+            )
+        mark = f" DIFFER by {100 * verdict.spread:.1f}%" if verdict.differs else ""
+        print(
+            f"{verdict.workload} {cell_label(verdict.cell)}: {'; '.join(parts)};"
+            f" best {verdict.best or 'none'}{mark}",
+            file=out,
+        )
+    differing = sum(v.differs for v in cells)
+    print(
+        f"{differing} of {len(cells)} cells differ by more than {100 * differ_above:g}%",
+        file=out,
+    )
     print(TIME_NOTE, file=out)

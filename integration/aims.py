@@ -29,7 +29,7 @@ import hypothesis.strategies as st
 from hypothesis.stateful import initialize
 
 from dualbudget.reference.kv import cdiv
-from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import profile_named
@@ -37,6 +37,7 @@ from dualbudget.spec.profiles import profile_named
 from .machine import (
     BudgetMachine,
     EdgeMachine,
+    HybridMachine,
     LockstepMachine,
     LoneMachine,
     PaddedMachine,
@@ -163,6 +164,33 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class GroupShape:
+    """One KV group of a drawn layout, its lengths in blocks of the config's block size:
+    the layout follows the block size drawn."""
+
+    kind: str
+    block_scale: int = 1
+    """The group's block size in config blocks."""
+    window_blocks: int | None = None
+    """``sliding_window`` in blocks (the sliding-window kinds)."""
+    mamba_cache_mode: str = "none"
+    is_eagle_group: bool = False
+
+    def at(self, block_size: int) -> KVGroup:
+        window = None if self.window_blocks is None else self.window_blocks * block_size
+        return KVGroup(
+            self.kind,
+            self.block_scale * block_size,
+            sliding_window=window,
+            mamba_cache_mode=self.mamba_cache_mode,
+            is_eagle_group=self.is_eagle_group,
+        )
+
+
+KVLayout = tuple[GroupShape, ...]
+
+
+@dataclass(frozen=True)
 class ConfigBounds:
     """The bounds an aim's configs are drawn in (``aimed_config``); a choice of several
     values or ranges is drawn uniformly (repeat one to weight it)."""
@@ -189,6 +217,16 @@ class ConfigBounds:
     admits_max_num_seqs: bool = False
     """Where the policy caps admission by B, B is raised to admit ``max_num_seqs``."""
     prefix_caching: bool = False
+    kv_layouts: tuple[KVLayout, ...] = ()
+    """KV group layouts drawn (``EngineConfig.kv_groups``); none: vLLM's one full-attention
+    group, and nothing is drawn for it."""
+
+
+def full_request_blocks(max_model_len: int, block_size: int, groups: tuple[KVGroup, ...]) -> int:
+    """The blocks a request of ``max_model_len`` tokens holds, plus the null block: a
+    block table in every group (one, without ``kv_groups``), of the config's block size
+    (a Mamba group holds fewer: the pool errs on the ample side)."""
+    return max(1, len(groups)) * cdiv(max_model_len, block_size) + 1
 
 
 def _ranged(draw: st.DrawFn, low: int, high: int, label: str) -> int:
@@ -255,7 +293,11 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
     b = _ranged(draw, low, high, "max_num_batched_tokens")
     if token.scales_with_b:
         cap = _token_budget(draw, token, b, k)
-    need = cdiv(max_model_len, block_size) + 1
+    groups: tuple[KVGroup, ...] = ()
+    if bounds.kv_layouts:
+        layout_shape = _one_of(draw, bounds.kv_layouts, "kv_groups")
+        groups = tuple(shape.at(block_size) for shape in layout_shape)
+    need = full_request_blocks(max_model_len, block_size, groups)
     pool = _one_of(draw, bounds.pools, "pool")
     num_gpu_blocks = _ranged(draw, *pool.range_at(need, seqs), "num_gpu_blocks")
     return EngineConfig(
@@ -270,6 +312,7 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
         max_num_scheduled_tokens=cap,
         speculative_config=SpeculativeConfig.for_layout(layout_named(layout), k),
         enable_prefix_caching=bounds.prefix_caching,
+        kv_groups=groups,
     )
 
 
@@ -464,9 +507,46 @@ AIMS: dict[str, Aim] = {
         PrefixMachine,
         3,
     ),
+    # KV group layouts shaped like the served families (gpt-oss + EAGLE3: a sliding
+    # window beside full attention holding the drafter; DeepSeek: MLA, and sliding-window
+    # MLA beside it; Qwen3-Next: Mamba beside full attention, align mode most often),
+    # aimed at the hybrid coordinator's events: windows of one or two blocks, so that
+    # decodes soon free the blocks behind them; a pool of one to 1.5 full requests (in
+    # every group), so that growing decodes preempt under the shared pool; budgets below
+    # the prompts now and then, so that a prefill chunk ends off a block boundary and
+    # Mamba's align mode moves it back. Prefix caching stays off: the reference's
+    # coordinator does not model it with several groups.
+    "hybrid": Aim(
+        ConfigBounds(
+            budgets=every(
+                (Span(up_to=PerDraft(24)), Span(up_to=PerDraft(64))), (TokenBudget.DEFAULT,)
+            ),
+            block_sizes=(2, 4),
+            max_num_seqs=(2, 8),
+            pools=(Pool(1, 1.5),),
+            kv_layouts=(
+                # The first, Hypothesis' simplest draw: Mamba align, the event rarest.
+                (GroupShape("mamba", mamba_cache_mode="align"), GroupShape("full_attention")),
+                (
+                    GroupShape("sliding_window", window_blocks=1),
+                    GroupShape("full_attention", is_eagle_group=True),
+                ),
+                (
+                    GroupShape("sliding_window", window_blocks=2),
+                    GroupShape("full_attention", is_eagle_group=True),
+                ),
+                (GroupShape("mla_attention"),),
+                (GroupShape("sliding_window_mla", window_blocks=1), GroupShape("mla_attention")),
+                (GroupShape("mamba", mamba_cache_mode="align"), GroupShape("full_attention")),
+                (GroupShape("mamba"), GroupShape("full_attention")),
+            ),
+        ),
+        HybridMachine,
+        3,
+    ),
 }
 """The aims, in the order of a layout's units; ``mixed`` takes the rest of a share, so its
-weight only counts in the total (16). A weight of 1 is one example per method at 200 over
+weight only counts in the total (19). A weight of 1 is one example per method at 200 over
 nine methods: only Hypothesis' first, simplest example, which for ``edge`` never reaches
 the padding boundary (``lone``'s does reach its own); ``edge`` needs three to kill the
 padding rule's five mutants (docs/mutate.md), and ``prefix`` at two left a method's

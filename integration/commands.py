@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dualbudget.campaign.executor import DEFAULT_EXECUTOR
 from dualbudget.reference.events import Event
 from dualbudget.reference.scenario import Scenario
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES
 
 from .live import quiet_vllm
+from .vllm_source import use_vllm_source
 
 if TYPE_CHECKING:
+    from .monitor import MonitorViolation
     from .outcome import FindingKey, FuzzResult
 
 DEFAULT_OUT_DIR = "fuzz-divergences"
@@ -67,16 +70,54 @@ def vllm_or_exit(command: str) -> str | None:
 
 
 def choose_profile(profile: str | None) -> tuple[str, str]:
-    """(profile, how it was chosen): ``profile`` if given, else detected."""
-    from .detect import DetectionFailed, detect
+    """(profile, how it was chosen): ``profile`` if given, else detected; bad input when
+    no profile matches (for the commands that need one: the fuzz falls back to the
+    contract monitor instead, ``fuzz_profile``)."""
+    found, how = detected_profile(profile)
+    if found is None:
+        raise BadInput(how.replace("\n", "; "))
+    return found, how
+
+
+def detected_profile(profile: str | None) -> tuple[str | None, str]:
+    """(profile, how it was chosen): ``profile`` if given, else detected; (None, the
+    detection's report) when no profile matches the scheduler's decisions."""
+    from .detect import detect
 
     if profile:
         return profile, "--profile"
-    try:
-        found = detect()
-    except DetectionFailed as err:
-        raise BadInput(str(err).replace("\n", "; ")) from None
+    found = detect()
+    if found.profile is None:
+        return None, found.report()
+    if len(found.matches) > 1:
+        return found.profile, f"detected by {found.how}, class {', '.join(found.matches)}"
     return found.profile, f"detected by {found.how}"
+
+
+MONITOR_ALONE = "no profile matches: the contract monitor alone"
+"""How a fuzz's profile was chosen when none matches (``fuzz_profile``)."""
+
+
+def fuzz_profile(options: FuzzOptions, version: str) -> tuple[str, str, frozenset[FindingKey]]:
+    """The fuzz's profile, how it was chosen and its known findings. Where no profile
+    matches, the contract monitor runs alone (``--monitor-only``, said in a banner) on the
+    configs of the installed release's profile (the newest release's for a version this
+    project does not know), with no finding known: none of the manifest's is this
+    scheduler's."""
+    from dualbudget.spec.releases import RELEASE_VERSIONS, RELEASES, release_of
+
+    profile, how = detected_profile(options.profile)
+    if profile is not None:
+        return profile, how, options.known_findings
+    release = release_of(version) or RELEASES[RELEASE_VERSIONS[-1]]
+    print(how, flush=True)
+    print(
+        "dualbudget fuzz: no profile matches this scheduler's decisions: the contract"
+        " monitor checks it alone (--monitor-only), on configs drawn as for"
+        f" {release.profile_name}",
+        flush=True,
+    )
+    return release.profile_name, MONITOR_ALONE, frozenset()
 
 
 # -- fuzz -----------------------------------------------------------------------------
@@ -107,18 +148,35 @@ class FuzzOptions:
     top_up_rounds: int = FUZZ_TOP_UP_ROUNDS
     """Rounds rerunning units for required coverage left at zero (``run_fuzz``); none
     without the coverage gate, which they serve."""
+    executor: str = DEFAULT_EXECUTOR
+    """Where the units run: ``local`` processes (``jobs``) or ``ray`` (docs/campaigns.md)."""
+    ray_address: str | None = None
+    """The Ray cluster of ``--executor ray``; None: ``RAY_ADDRESS``'s, else a local Ray."""
+    campaign: str | None = None
+    """A directory that keeps every finished unit (``campaign.store``): a rerun resumes."""
+    vllm_src: str | None = None
+    """A vLLM source tree whose Python runs over the installed vLLM (``vllm_source``)."""
+    monitor_only: bool = False
+    """Run the live scheduler alone, judged by the contract monitor only (no reference,
+    no coverage gate: the coverage counters are the reference's); also chosen when no
+    profile matches the scheduler's decisions."""
 
 
 def run_fuzz_stage(options: FuzzOptions) -> int:
     """The fuzz with its progress, its coverage table and its verdict; its exit code
     (with ``options.replay``: that scenario's lockstep, ``replay_scenario``)."""
+    use_vllm_source(options.vllm_src)
     if options.replay is not None:
-        return replay_scenario(options.replay, options.profile, options.scheduler_cls)
+        return replay_scenario(
+            options.replay, options.profile, options.scheduler_cls, options.monitor_only
+        )
     quiet_vllm()
     version = vllm_or_exit("fuzz")
     if version is None:
         return 2
-    profile, how = choose_profile(options.profile)
+    profile, how, known_findings = fuzz_profile(options, version)
+    monitor_only = options.monitor_only or how == MONITOR_ALONE
+    gate = options.coverage_gate and not monitor_only
     if options.scheduler_cls:
         from .live import scheduler_class
 
@@ -128,8 +186,9 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
     layouts = list(options.layouts)
     jobs = jobs_or_cores(options.jobs)
     checked = f", scheduler {options.scheduler_cls}" if options.scheduler_cls else ""
+    alone = ", contract monitor alone" if monitor_only else ""
     print(
-        f"dualbudget fuzz: vLLM {version}{checked}, profile {profile} ({how}), seed"
+        f"dualbudget fuzz: vLLM {version}{checked}, profile {profile} ({how}){alone}, seed"
         f" {options.seed}, {options.examples} examples, layouts {', '.join(layouts)},"
         f" {jobs} job{'s' if jobs > 1 else ''}",
         flush=True,
@@ -140,16 +199,20 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         examples=options.examples,
         seed=options.seed,
         out_dir=options.out_dir,
-        known_findings=options.known_findings,
+        known_findings=known_findings,
         max_seconds=options.max_seconds,
         layouts=layouts,
         progress=lambda line: print(line, flush=True),
         scheduler_cls=options.scheduler_cls,
         jobs=jobs,
+        executor_name=options.executor,
+        ray_address=options.ray_address,
+        campaign=options.campaign,
         # The rounds serve the gate: a run without it has nothing to top up for.
-        top_up_rounds=options.top_up_rounds if options.coverage_gate else 0,
+        top_up_rounds=options.top_up_rounds if gate else 0,
+        monitor_only=monitor_only,
     )
-    code, table = fuzz_verdict(result, layouts, gate=options.coverage_gate)
+    code, table = fuzz_verdict(result, layouts, gate=gate)
     print(table)
     write_json(options.json_path, fuzz_json(result))
     return code
@@ -169,6 +232,7 @@ def fuzz_json(result: FuzzResult) -> dict[str, Any]:
         "required_coverage": {layout: list(result.required(layout)) for layout in result.coverage},
         "stopped_by_time": result.stopped_by_time,
         "findings": [f.to_json() for f in result.findings],
+        "monitor": result.monitor_json(),
         "refused_configs": result.refused_configs,
         "mirrored_crashes": result.mirrored_crashes,
         "seconds": round(result.seconds, 2),
@@ -216,6 +280,7 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
             f"{tag}: {finding.contract} ({finding.profile}, {finding.layout}) at step"
             f" {finding.step}: {finding.scenario_path}"
         )
+    lines.append(result.monitor_summary())
     for divergence in result.divergences:
         lines.append(divergence.report())
     zeros = result.zero_coverage(layouts)
@@ -227,9 +292,14 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
     elif result.unknown_findings:
         verdict = "FAIL: the reference flagged a contract break not known as a finding"
         code = 1
+    elif result.unknown_monitor_findings:
+        verdict = "FAIL: the contract monitor flagged a violation not known as a finding"
+        code = 1
     elif gate and zeros:
         verdict = f"FAIL: coverage at zero for {', '.join(zeros)}"
         code = 1
+    elif result.monitor_only:
+        verdict = "PASS: the contract monitor found no violation outside the known findings"
     else:
         verdict = "PASS: live vLLM and the reference agree on every step"
         if zeros:
@@ -238,13 +308,21 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
     return code, "\n".join(lines)
 
 
-def replay_scenario(path: str, profile: str | None = None, scheduler_cls: str | None = None) -> int:
+def replay_scenario(
+    path: str,
+    profile: str | None = None,
+    scheduler_cls: str | None = None,
+    monitor_only: bool = False,
+) -> int:
     """``dualbudget fuzz --replay``: one scenario file in lockstep (against
-    ``scheduler_cls``, a ``--scheduler-cls`` path, or vLLM's own scheduler); its exit code."""
+    ``scheduler_cls``, a ``--scheduler-cls`` path, or vLLM's own scheduler), the contract
+    monitor's violations printed beside; its exit code. ``monitor_only``: the live
+    scheduler alone, failing on any violation of the monitor's."""
     from dualbudget.reference.scenario import load_scenario
 
     from .live import scheduler_class, use_scheduler_class
     from .lockstep import run_in_lockstep
+    from .monitor_run import run_alone
 
     quiet_vllm()
     version = vllm_or_exit("fuzz")
@@ -254,13 +332,30 @@ def replay_scenario(path: str, profile: str | None = None, scheduler_cls: str | 
     if profile and profile != scenario.profile:
         scenario = scenario.with_profile(profile)
     cls = scheduler_class(scheduler_cls) if scheduler_cls else None
-    with use_scheduler_class(cls):
-        steps, divergence = run_in_lockstep(scenario)
+    monitored: list[MonitorViolation] = []
     against = f", scheduler {scheduler_cls}" if scheduler_cls else ""
+    if monitor_only:
+        with use_scheduler_class(cls):
+            steps, monitored, crash = run_alone(scenario)
+        print(
+            f"dualbudget fuzz --replay --monitor-only: vLLM {version}{against},"
+            f" {steps} steps of {path}"
+        )
+        for violation in monitored:
+            print(f"monitor: {violation.contract} at step {violation.step}: {violation.message}")
+        if crash:
+            print(f"vLLM crashed: {crash}")
+        failed = bool(monitored or crash)
+        print(f"verdict: {'FAIL: violation reproduced' if failed else 'PASS: no violation'}")
+        return int(failed)
+    with use_scheduler_class(cls):
+        steps, divergence = run_in_lockstep(scenario, monitored=monitored)
     print(
         f"dualbudget fuzz --replay: vLLM {version}{against}, profile {scenario.profile},"
         f" {steps} steps of {path}"
     )
+    for violation in monitored:
+        print(f"monitor: {violation.contract} at step {violation.step}: {violation.message}")
     if divergence is None:
         print("verdict: PASS: no divergence")
         return 0
@@ -380,10 +475,13 @@ class BenchOptions:
     (on a shared 2-core machine single runs of one stream vary by up to 1.6x, so fewer
     runs let one slow spell move the ratio)."""
     json_path: str | None = None
+    vllm_src: str | None = None
+    """A vLLM source tree whose Python runs over the installed vLLM (``vllm_source``)."""
 
 
 def bench(options: BenchOptions) -> int:
     """Steps/s of each mode on every bench workload; its exit code."""
+    use_vllm_source(options.vllm_src)
     quiet_vllm()
     version = vllm_or_exit("bench")
     if version is None:

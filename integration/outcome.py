@@ -3,7 +3,11 @@
 
 A fuzz stops at a divergence, or at a C1-C3 break of the reference that is not a known
 finding; everything else is counted (examples, steps, refused configs, mirrored crashes,
-coverage events per method) so that a run says what it reached.
+coverage events per method) so that a run says what it reached. The contract monitor's
+violations (``integration.monitor``) are kept apart from both: counted per contract item,
+the first of each (profile, layout, item) of a unit written as a scenario, and labelled
+known when the manifest's findings name that key; they fail the verdict, never stop the
+run.
 """
 
 from __future__ import annotations
@@ -44,8 +48,22 @@ class Finding:
     def key(self) -> FindingKey:
         return (self.profile, self.layout, self.contract)
 
+    @property
+    def manifest_key(self) -> str | None:
+        """The manifest's name of the finding this is, when known: ``profile/layout/Cn``."""
+        return "/".join(self.key) if self.known else None
+
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "finding": self.manifest_key}
+
+
+def monitor_line(finding: Finding) -> str:
+    """One line for a monitor violation: a known finding's manifest name, or MONITOR."""
+    tag = f"monitor, known finding {finding.manifest_key}" if finding.known else "MONITOR"
+    return (
+        f"{tag}: {finding.contract} under {finding.profile} with {finding.layout} at step"
+        f" {finding.step}: {finding.message} (scenario {finding.scenario_path})"
+    )
 
 
 def never_cancelled() -> bool:
@@ -68,6 +86,11 @@ class Outcome:
     mirrored_crashes: int = 0
     divergences: list[Divergence] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    monitor_findings: list[Finding] = field(default_factory=list)
+    """The monitor's violations, the first of each (profile, layout, item), each with
+    its scenario file."""
+    monitor_counts: dict[str, int] = field(default_factory=dict)
+    """Per contract item, every violation the monitor saw (known ones included)."""
     stopped_by_time: bool = False
     seconds: float = 0.0
     """Wall time: of a unit's Hypothesis run; of a whole fuzz, after its warm-up."""
@@ -75,6 +98,14 @@ class Outcome:
     @property
     def unknown_findings(self) -> list[Finding]:
         return [f for f in self.findings if not f.known]
+
+    @property
+    def unknown_monitor_findings(self) -> list[Finding]:
+        return [f for f in self.monitor_findings if not f.known]
+
+    def count_monitor(self, counts: dict[str, int]) -> None:
+        for contract, n in counts.items():
+            self.monitor_counts[contract] = self.monitor_counts.get(contract, 0) + n
 
     @property
     def stopped(self) -> bool:
@@ -102,6 +133,8 @@ class UnitRun(Outcome):
     constructions: set[str] = field(default_factory=set)
     top_up_round: int = 0
     """0: a planned unit; r >= 1: a rerun in the run's top-up round r (``fuzz.run_fuzz``)."""
+    monitor_only: bool = False
+    """The live scheduler alone, judged by the contract monitor only (``monitor_run``)."""
 
     @property
     def round_tag(self) -> str:
@@ -120,8 +153,10 @@ class UnitRun(Outcome):
         self.steps += 1
         if self.coverage is None:
             self.coverage = dict.fromkeys(EVENT_NAMES, 0)
-        for event, count in after.items():
-            self.coverage[event] += count - before[event]
+        # The events of the coverage table only: the reference counts more than the
+        # table gates on (``Scheduler.observed``).
+        for event in EVENT_NAMES:
+            self.coverage[event] += after.get(event, 0) - before.get(event, 0)
 
     def take_findings(self, lock: Lockstep) -> list[Finding]:
         """The C1-C3 breaks ``lock`` recorded since the last call, one per (profile,
@@ -148,6 +183,33 @@ class UnitRun(Outcome):
         self.findings += new
         return new
 
+    def take_monitor(self, lock: Lockstep) -> list[Finding]:
+        """The monitor's violations in ``lock`` since the last call: all counted, the
+        first of each (profile, layout, contract) in this unit kept with its scenario."""
+        new: list[Finding] = []
+        seen = {f.key for f in self.monitor_findings}
+        counts: dict[str, int] = {}
+        for violation in lock.monitor.violations:
+            counts[violation.contract] = counts.get(violation.contract, 0) + 1
+            key = (self.profile, lock.layout, violation.contract)
+            if key in seen:
+                continue
+            seen.add(key)
+            path = lock.write_scenario(violation.step, f"monitor-{violation.contract}")
+            new.append(
+                Finding(
+                    *key,
+                    step=violation.step,
+                    message=violation.message,
+                    scenario_path=str(path),
+                    known=key in self.known_findings,
+                )
+            )
+        lock.monitor.violations.clear()
+        self.count_monitor(counts)
+        self.monitor_findings += new
+        return new
+
 
 @dataclass
 class FuzzResult(Outcome):
@@ -162,6 +224,30 @@ class FuzzResult(Outcome):
     examples_by_unit: dict[str, int] = field(default_factory=dict)
     warm_up_seconds: float = 0.0
     """vLLM's one-off costs, before ``seconds`` starts."""
+    monitor_only: bool = False
+    """The live scheduler ran alone, judged by the contract monitor only."""
+
+    def monitor_json(self) -> dict[str, Any]:
+        """The monitor's section of the fuzz's JSON: per contract item its count, and
+        each violation kept (``manifest finding``: the manifest's name when known)."""
+        from .monitor import MONITORED
+
+        return {
+            "alone": self.monitor_only,
+            "checked": list(MONITORED),
+            "counts": {c: self.monitor_counts.get(c, 0) for c in MONITORED},
+            "new": len(self.unknown_monitor_findings),
+            "violations": [f.to_json() for f in self.monitor_findings],
+        }
+
+    def monitor_summary(self) -> str:
+        """The monitor's lines of the verdict: its counts, then each violation kept."""
+        from .monitor import MONITORED
+
+        counts = ", ".join(f"{c} {self.monitor_counts.get(c, 0)}" for c in MONITORED)
+        lines = [f"contract monitor (every live step, without the reference): {counts}"]
+        lines += [monitor_line(f) for f in self.monitor_findings]
+        return "\n".join(lines)
 
     def totals(self) -> dict[str, int]:
         return {
@@ -205,4 +291,7 @@ class FuzzResult(Outcome):
         seen = {f.key for f in self.findings}
         new = [f for f in run.findings if f.key not in seen]
         self.findings += new
+        self.count_monitor(run.monitor_counts)
+        seen = {f.key for f in self.monitor_findings}
+        self.monitor_findings += [f for f in run.monitor_findings if f.key not in seen]
         return new

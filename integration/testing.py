@@ -29,4 +29,6 @@ def live_profile_name() -> str:
 
     require_live_vllm()
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    return detect().profile
+    found = detect()
+    assert found.profile is not None, found.report()
+    return found.profile

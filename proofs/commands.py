@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -20,8 +20,13 @@ from xml.etree import ElementTree
 from dualbudget.spec.errors import BadInput
 
 if TYPE_CHECKING:
+    from .obligations import Obligation
     from .reach import Reach
     from .runner import MutantOutcome, Outcome
+
+MapUnits = Callable[[Callable[["Obligation"], "Reach"], Sequence["Obligation"]], Iterable["Reach"]]
+"""An executor's ``map``: each unit's result in unit order (``campaign.executor``); the
+command layer passes it in, since proofs/ imports only spec/."""
 
 DEFAULT_WITNESS_DIR = Path("out") / "witnesses"
 
@@ -45,11 +50,30 @@ class ProveOptions:
     junit_path: str | None = None
     witness_dir: Path = DEFAULT_WITNESS_DIR
     """Where the witness scenarios go (the reach's under ``reach/``)."""
+    executor: str = "local"
+    """Where the reach queries run (``dualbudget/prove_cli.py``): ``local`` processes or
+    ``ray``."""
+    jobs: int | None = None
+    """The executor's width; None: the proofs' own pool width (``runner.workers``)."""
+    ray_address: str | None = None
+    """The Ray cluster of ``--executor ray``; None: a local Ray started for the run."""
 
 
-def prove(options: ProveOptions) -> int:
+def reach_unit(ob: Obligation) -> Reach:
+    """One unit of ``prove --reach``: the reach of one expected failure (module level, so
+    that an executor's workers import it)."""
+    from .reach import reach_of
+    from .runner import base_subjects
+
+    return reach_of(ob, base_subjects())
+
+
+def prove(options: ProveOptions, map_units: MapUnits | None = None) -> int:
+    """The command; ``map_units`` runs the reach's units (``reach.reach_units``), None:
+    the proofs' own local pool (``runner.run_reach``)."""
     from .manifest import load_manifest
     from .obligations import catalog
+    from .reach import reach_units
     from .runner import (
         BOUNDS,
         mutant_json,
@@ -80,7 +104,10 @@ def prove(options: ProveOptions) -> int:
     reach_wall = 0.0
     if options.reach:
         t0 = time.perf_counter()
-        reaches = run_reach(obligations, manifest)
+        if map_units is None:
+            reaches = run_reach(obligations, manifest)
+        else:
+            reaches = list(map_units(reach_unit, reach_units(obligations, manifest.expected)))
         write_reach_scenarios(reaches, options.witness_dir / "reach")
         reach_wall = time.perf_counter() - t0
         print_reach(reaches, outcomes, out, reach_wall)

@@ -528,6 +528,16 @@ def _scenario(
     return None
 
 
+def reach_units(
+    obligations: Sequence[Obligation], expected: Callable[[str], str]
+) -> list[Obligation]:
+    """The units of ``prove --reach``: each expected failure among ``obligations``
+    (``expected``: the manifest's verdict of an obligation name), in their order; a
+    failure of no contract item (``compiled``) has no reach. Each unit is independent of
+    the others (``reach_of`` of it), so any executor may run them."""
+    return [ob for ob in obligations if expected(ob.name) == "fails" and ob.family != "compiled"]
+
+
 def reach_of(ob: Obligation, subjects: Mapping[str, Subject]) -> Reach:
     """The reach of one expected failure (see the module docstring)."""
     started = time.perf_counter()

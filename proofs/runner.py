@@ -21,7 +21,7 @@ from .manifest import Manifest
 from .model import Subject
 from .mutants import MUTANTS, mutant_named
 from .obligations import C6_QUEUE, Obligation, catalog, family_queries, subjects_of
-from .reach import Reach, reach_of
+from .reach import Reach, reach_of, reach_units
 from .solve import PRODUCT_HINT_BOUND, QUERY_TIMEOUT_MS, decide
 from .witness import WITNESS_MAX_K, WITNESS_MAX_REQUESTS, WITNESS_MAX_TOKENS, find_witness
 
@@ -191,11 +191,7 @@ def run_reach(
 ) -> list[Reach]:
     """The reach (proofs/reach.py) of each expected failure among ``obligations``, in
     their order; a failure of no contract item (``compiled``) has none."""
-    failing = [
-        ob
-        for ob in obligations
-        if manifest.expected(ob.name) == "fails" and ob.family != "compiled"
-    ]
+    failing = reach_units(obligations, manifest.expected)
     n = processes or workers()
     if n > 1 and len(failing) > 1:
         with multiprocessing.get_context("fork").Pool(n) as pool:

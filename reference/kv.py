@@ -17,16 +17,17 @@ block has an identity worth keeping), ``PrefixCachingKVCacheManager`` keeps the
 state's ``BlockPool`` (docs/design.md §6); the count decides for both. The scheduler asks
 a manager about every block a request holds, finds or caches, and hands it what a
 request's blocks are made of (its token ids or block hashes) as they come: it never
-looks at prefix caching itself, so another kind of KV group is another manager.
+looks at prefix caching itself, so another kind of KV group is another manager: the
+hybrid coordinator (``kv_hybrid.py``), picked by ``kv_coordinator.manager_for``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from dualbudget.spec.config import EngineConfig
-from dualbudget.spec.releases import Release
 
 from .events import AddRequest, InvalidEvent, ModelOutput
 from .prefix_cache import BlockPool, HitRule, hash_blocks
@@ -131,6 +132,16 @@ class KVCacheManager:
         state.free_blocks += request.num_blocks
         request.num_blocks = 0
         request.kv_slots_covered = 0
+
+    def preempt(self, state: SchedulerState, request: RequestState) -> None:
+        """``free`` on a preemption (a manager may count it)."""
+        self.free(state, request)
+
+    def block_aligned_split(self) -> Callable[[RequestState, int], int] | None:
+        """The scheduler's ``_mamba_block_aligned_split`` of a chunk (request, tokens
+        granted -> tokens scheduled), where a Mamba group runs in ``align`` mode; None
+        elsewhere."""
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,20 +332,3 @@ def initial_state(config: EngineConfig) -> SchedulerState:
     the pool that knows them by id."""
     pool = BlockPool.create(config.num_gpu_blocks) if config.enable_prefix_caching else None
     return SchedulerState(free_blocks=usable_blocks(config.num_gpu_blocks), block_pool=pool)
-
-
-def manager_for(
-    config: EngineConfig,
-    release: Release,
-    num_lookahead_tokens: int,
-    observed: dict[str, int],
-) -> KVCacheManager:
-    """The manager of a config on ``release``: with prefix caching the caching one, with
-    the release's hit rule for the config's drafter."""
-    if not config.enable_prefix_caching:
-        return KVCacheManager(config.block_size, config.max_model_len, num_lookahead_tokens)
-    spec = config.speculative_config
-    rule = HitRule.of(release, spec.method if spec is not None else None)
-    return PrefixCachingKVCacheManager(
-        config.block_size, config.max_model_len, num_lookahead_tokens, rule, observed
-    )

@@ -102,6 +102,14 @@ def check_replayable(trace: Trace, profile: Profile) -> None:
             f" {header.version}, which holds no block hashes to reproduce its hits (they"
             f" come with version {HASHES_FROM}: record it again)"
         )
+    check_settings(trace, profile)
+
+
+def check_settings(trace: Trace, profile: Profile) -> None:
+    """Raise TraceError naming the first setting of the trace's header, or of one of its
+    requests, that the reference does not replay: the one check of ``replay`` and of
+    ``simulate --trace``."""
+    header = trace.header
     unreplayed = [(first_unreplayed(header.settings, header.config, profile), "")]
     unreplayed += [
         (first_unreplayed(settings, header.config, profile), f" (request {rid!r})")

@@ -44,7 +44,14 @@ from dualbudget.spec.scenario_format import (
 from dualbudget.spec.scenario_format import config_to_json as config_to_json
 
 from .kv import cdiv, usable_blocks
-from .schemas import FieldError, Schema, dataclass_default, first_error, schemas_markdown
+from .schemas import (
+    FieldError,
+    KVGroupJson,
+    Schema,
+    dataclass_default,
+    first_error,
+    schemas_markdown,
+)
 
 
 class ScenarioError(BadInput):
@@ -199,11 +206,17 @@ class ConfigJson(Schema):
         description="vLLM's prefix caching (§6; vLLM's own default is on); written only when"
         " `true`",
     )
+    kv_groups: list[KVGroupJson] = Field(
+        default=_engine("kv_groups"),
+        description="vLLM's KV cache groups (below); absent, one `full_attention` group of"
+        " `block_size`",
+    )
 
     def engine_config(self) -> EngineConfig:
         fields = dict(self)
         spec = self.speculative_config
         fields["speculative_config"] = None if spec is None else spec.speculative_config()
+        fields["kv_groups"] = tuple(group.kv_group() for group in self.kv_groups)
         return EngineConfig(**fields)
 
 
@@ -391,7 +404,15 @@ class ScenarioJson(Schema):
 
 def scenario_markdown() -> str:
     """The scenario's tables, one per object (docs/design.md §4.1 renders them)."""
-    models = (ScenarioJson, ConfigJson, SpeculativeJson, RequestJson, AcceptanceJson, DraftsJson)
+    models = (
+        ScenarioJson,
+        ConfigJson,
+        SpeculativeJson,
+        KVGroupJson,
+        RequestJson,
+        AcceptanceJson,
+        DraftsJson,
+    )
     return schemas_markdown(models)
 
 

@@ -2,8 +2,9 @@
 decision delegated to a ``spec`` policy.
 
 The subset: text-only requests, no LoRA, encoder, KV connector, structured output or
-pipeline parallelism, one full-attention KV group (prefix caching on or off: see
-``kv.py`` and docs/design.md §6), no multi-module MTP (its prefill lookahead is then a
+pipeline parallelism; one full-attention KV group (prefix caching on or off: see
+``kv.py`` and docs/design.md §6) or several groups of the kinds ``kv_hybrid.py``
+models (prefix caching off), no multi-module MTP (its prefill lookahead is then a
 no-op). Within it, one ``handle(event)`` call is
 one of vLLM's ``add_request``, ``schedule`` (with ``_update_after_schedule``),
 ``update_from_output``, ``update_draft_token_ids`` or ``finish_requests``. With
@@ -38,6 +39,7 @@ from .events import (
     ScheduleStep,
     StepRecord,
 )
+from .kv_coordinator import manager_for
 from .state import (
     FINISHED,
     FINISHED_ABORTED,
@@ -50,6 +52,9 @@ from .state import (
     StepInFlight,
 )
 from .violations import CHECK_MODES, CheckMode, ContractViolation, StepViolation
+
+# Re-exported: the crash is raised below the scheduler too (``kv_hybrid``).
+from .violations import UnmirroredVllmCrash as UnmirroredVllmCrash
 
 # vLLM's ``num_sampled_tokens_per_step`` for a generative model: each scheduled step that
 # reaches the end of the prompt samples one token past the verified drafts.
@@ -66,22 +71,23 @@ PREFIX_OBSERVED = (
 request admitted from waiting with a cache hit, one whose hit is all its tokens but the
 last, a cached free block handed out (its hash evicted), a hit block some running
 request holds (per block), a preempted request resuming with a hit."""
+KV_GROUP_OBSERVED = ("window_blocks_freed", "mamba_aligned_split", "hybrid_preempt")
+"""The counters of the hybrid coordinator (``kv_hybrid``): blocks a sliding-window or
+chunked-local group freed as they fell out of its window, a chunk Mamba's ``align`` mode
+cut to a block boundary, and a preemption under a pool of several groups."""
 OBSERVED = (
     "async_in_flight",
     "stale_output",
     "in_flight_max_tokens_skip",
     "natural_stop",
     *PREFIX_OBSERVED,
+    *KV_GROUP_OBSERVED,
 )
 """What the scheduler counts as it goes (``Scheduler.observed``), for the fuzz's coverage:
 a step scheduled while an earlier one's output is outstanding, an output arriving for a
 request preempted after its step was scheduled, a running request skipped because its
 in-flight output already reaches max_tokens, a request finished by EOS or a stop token,
-and ``PREFIX_OBSERVED``."""
-
-
-class UnmirroredVllmCrash(RuntimeError):
-    """A state in which vLLM itself fails an assertion; the reference refuses to guess."""
+``PREFIX_OBSERVED`` and ``KV_GROUP_OBSERVED``."""
 
 
 _NONE_STALE: Set[str] = frozenset()
@@ -150,7 +156,7 @@ class Scheduler:
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
-        self.kv = kv.manager_for(config, self.release, self.num_lookahead_tokens, self.observed)
+        self.kv = manager_for(config, self.release, self.num_lookahead_tokens, self.observed)
         # The release caches a running request's verified blocks as its output comes, when
         # the step had spec tokens or output placeholders to verify.
         self._caches_verified_output = (
@@ -281,6 +287,7 @@ class Scheduler:
         running, requests = state.running, state.requests
         max_model_len = self.config.max_model_len
         grant, allocate_slots, take = kernel.grant, self.kv.allocate_slots, kernel.take
+        split = self.kv.block_aligned_split()
         scheduled = step.scheduled
         # The ledger lives in locals while the loop runs; step holds it across calls.
         token_budget, input_budget = step.token_budget, step.input_budget
@@ -313,6 +320,9 @@ class Scheduler:
             cap = cap_base - computed
             if cap < q:
                 q = cap
+            if split is not None:
+                # Mamba align: the chunk ends where a state is cached, before its charge.
+                q = split(request, q)
             if q <= 0:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
@@ -397,7 +407,7 @@ class Scheduler:
     def _preempt(self, request: RequestState) -> None:
         """``Scheduler._preempt_request``: free the blocks, forget the computed tokens and
         the drafts, go back to the front of the waiting queue."""
-        self.kv.free(self.state, request)
+        self.kv.preempt(self.state, request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         request.num_drafts = 0
@@ -411,6 +421,7 @@ class Scheduler:
         # Only running requests are scheduled so far: vLLM's ``scheduled_running_reqs``.
         running_scheduled = bool(step.scheduled)
         get_computed_blocks = self.kv.get_computed_blocks
+        split = self.kv.block_aligned_split()
         skipped: list[str] = []
         while state.waiting and not kernel.exhausted(step.token_budget, step.input_budget):
             if len(state.running) >= kernel.max_active_requests:
@@ -453,17 +464,27 @@ class Scheduler:
                     skipped.append(self._pop_waiting(request.request_id))
                     continue
                 break
+            if split is not None:
+                # Mamba align: the chunk ends where a state is cached, before its charge.
+                q = split(request, q)
+                if q == 0:
+                    break
+                if padded and q != 1 + k:
+                    # vLLM drops the padding rather than shorten it.
+                    q, padded = 1, False
+            # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
+            if not self.kv.full_sequence_fits(state, request, hit) or not self.kv.allocate_slots(
+                state, request, q, hit
+            ):
+                break
+            # vLLM asserts it only once allocate_slots has succeeded: with a pool too short
+            # for the cut request it just stops the waiting loop, above.
             if padded and q != 1 + k:
                 raise UnmirroredVllmCrash(
                     "vLLM's Scheduler.schedule asserts a padded spec-decode request keeps"
                     f" 1 + K = {1 + k} tokens, but long_prefill_token_threshold cut request"
                     f" {request.request_id!r} to {q}"
                 )
-            # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
-            if not self.kv.full_sequence_fits(state, request, hit) or not self.kv.allocate_slots(
-                state, request, q, hit
-            ):
-                break
 
             self._pop_waiting(request.request_id)
             state.running.append(request.request_id)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dualbudget.spec.config import KVGroup
 
 
 class Schema(BaseModel):
@@ -143,3 +146,38 @@ def schema_heading(model: type[BaseModel]) -> str:
 def schemas_markdown(models: Sequence[type[BaseModel]]) -> str:
     """Each model's heading (its docstring's first paragraph), then its table."""
     return "\n".join(f"{schema_heading(model)}\n\n{schema_table(model)}" for model in models)
+
+
+_group = partial(dataclass_default, KVGroup)
+
+
+# -- shared models -----------------------------------------------------------------------
+class KVGroupJson(Schema):
+    """``config.kv_groups[i]``: one of vLLM's KV cache groups (``spec/config.py``
+    ``KVGroup``), its spec's fields in vLLM's names; every group draws on the one pool."""
+
+    kind: str = Field(
+        description="vLLM's `KVCacheSpecKind`: `full_attention`, `mla_attention`,"
+        " `sliding_window`, `sliding_window_mla`, `chunked_local_attention` or `mamba`"
+    )
+    block_size: int = Field(description="tokens per block of this group")
+    sliding_window: int | None = Field(
+        default=_group("sliding_window"), description="the window, for sliding-window kinds"
+    )
+    attention_chunk_size: int | None = Field(
+        default=_group("attention_chunk_size"),
+        description="the chunk, for `chunked_local_attention`",
+    )
+    mamba_cache_mode: str = Field(
+        default=_group("mamba_cache_mode"), description="for `mamba`: `none` or `align`"
+    )
+    is_eagle_group: bool = Field(
+        default=_group("is_eagle_group"),
+        description="the group holds the drafter's layers (EAGLE's last-block drop)",
+    )
+    is_draft: bool = Field(
+        default=_group("is_draft"), description="the drafter's own spec (DFlash, DSpark)"
+    )
+
+    def kv_group(self) -> KVGroup:
+        return KVGroup(**dict(self))

@@ -35,9 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualbudget.spec.errors import BadInput
+from dualbudget.spec.profiles import profile_named, release_profile
+from dualbudget.spec.releases import release_of
 
 from .driver import Reference, ScenarioRun, drive
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, ScheduleStep, StepRecord
+from .replay import check_settings
 from .scenario import Acceptance, RequestSpec, Scenario, validate
 from .scheduler import PREFIX_OBSERVED
 from .token_ids import segment
@@ -594,6 +597,10 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     outputs are the simulation's own ids, so a later turn's blocks over an earlier reply
     are shared no more.
     """
+    # A what-if on a setting the reference does not model would run without it, silently:
+    # the recorded settings are read as the recording release's replay reads them.
+    release = release_of(trace.header.vllm_version)
+    check_settings(trace, profile_named(profile) if release is None else release_profile(release))
     arrivals: dict[str, tuple[AddRequest, int]] = {}
     aborts: dict[str, int] = {}
     reached: list[int] = []

@@ -24,6 +24,25 @@ FINISHED = (FINISHED_STOPPED, FINISHED_LENGTH, FINISHED_ABORTED)
 
 
 @dataclass(slots=True)
+class GroupBlocks:
+    """A request's block table in one KV group (``req_to_blocks[request_id]``): True
+    where a place holds a real block, False where a null block stands for one freed."""
+
+    table: list[bool] = field(default_factory=list)
+    allocated: bool = False
+    """Mamba ``align``: blocks were allocated once (``_allocated_block_reqs``)."""
+    last_state_block_idx: int = -1
+    """Mamba ``align``: the place of the previous step's state block (-1: none)."""
+    num_retired_blocks: int = 0
+    """Mamba ``align``: places before this one were freed already."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Real blocks held."""
+        return sum(self.table)
+
+
+@dataclass(slots=True)
 class RequestState:
     """One request, in the counters of vLLM's ``Request`` (prompt and outputs are lengths:
     token ids matter only to prefix caching's block hashes)."""
@@ -64,6 +83,8 @@ class RequestState:
     """Prefix caching: the pool's blocks the request holds, in order."""
     num_cached_blocks: int = 0
     """Prefix caching: how many of its first blocks are cached (``num_cached_block``)."""
+    kv_groups: list[GroupBlocks] = field(default_factory=list)
+    """The hybrid coordinator (``kv_hybrid``): the request's block table in each group."""
 
     @property
     def num_tokens(self) -> int:

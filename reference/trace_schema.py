@@ -22,7 +22,7 @@ from dualbudget.spec.config import EngineConfig
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
 from .scenario import ConfigJson
 from .schemas import FieldError, Schema, dataclass_default, schema_heading, schema_table
-from .settings import SETTINGS, Json
+from .settings import SETTINGS, Json, Setting
 
 FORMAT = "dualbudget-trace"
 Source = Literal["engine", "scheduler", "synthetic"]
@@ -39,11 +39,18 @@ def settings_schema(scope: str, version: int) -> type[Schema]:
     """The ``settings`` object of ``scope`` in a trace of ``version``, one key per setting
     of the table: the header's (``engine``) holds every engine-scope setting the version
     records, an ``add_request``'s (``request``) only the request-scope settings that differ
-    from what the reference assumes. A setting the engine config also holds takes the
-    config's type."""
+    from what the reference assumes. A header may lack an ``optional`` setting (written
+    before the table gained it): absent, it reads as vLLM's default. A setting the engine
+    config also holds takes the config's type."""
     config_types = typing.get_type_hints(EngineConfig)
+
+    def default(setting: Setting) -> Json:
+        if scope == "request":
+            return None
+        return setting.default if setting.optional else ...
+
     fields: dict[str, Any] = {
-        s.name: (config_types.get(s.name, Json), Field(default=... if scope == "engine" else None))
+        s.name: (config_types.get(s.name, Json), Field(default=default(s)))
         for s in SETTINGS
         if s.scope == scope and s.recorded_since <= version
     }

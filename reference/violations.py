@@ -18,6 +18,10 @@ CheckMode = Literal["raise", "collect"]
 CHECK_MODES: tuple[str, ...] = get_args(CheckMode)
 
 
+class UnmirroredVllmCrash(RuntimeError):
+    """A state in which vLLM itself fails an assertion; the reference refuses to guess."""
+
+
 @dataclass(frozen=True)
 class StepViolation:
     """A contract item broken at one step, with what is needed to inspect it."""

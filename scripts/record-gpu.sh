@@ -4,8 +4,20 @@
 # vLLM (0.32 or 0.33) and dualbudget installed in the current Python environment:
 #
 #   scripts/record-gpu.sh MODEL '{"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 3}' [OUT]
+#   scripts/record-gpu.sh --preset FAMILY [OUT]
 #
-# Knobs (environment): PORT (8011), MAX_NUM_BATCHED_TOKENS (2048), MAX_NUM_SEQS (64),
+# A preset names a model family served with speculative decoding and the KV cache
+# groups vLLM builds for it (docs/reference.md, the deployment table):
+#   gpt-oss-eagle3   openai/gpt-oss-20b + an EAGLE3 drafter, K 3: sliding-window + full
+#                    attention groups (hybrid coordinator); one GPU
+#   deepseek-mtp     deepseek-ai/DeepSeek-V3.1 with its MTP module, K 1: one MLA group;
+#                    tensor parallel 8 by default
+#   qwen3-next-mtp   Qwen/Qwen3-Next-80B-A3B-Instruct with its MTP module, K 2: Mamba
+#                    (gated delta net) + full attention groups, mamba_cache_mode align
+#                    under prefix caching; tensor parallel 4 by default
+# MODEL and SPECULATIVE_CONFIG in the environment override a preset's.
+#
+# Knobs (environment): TENSOR_PARALLEL_SIZE (1, or the preset's), PORT (8011), MAX_NUM_BATCHED_TOKENS (2048), MAX_NUM_SEQS (64),
 # NUM_PROMPTS (200), INPUT_LEN (512), OUTPUT_LEN (256), PREFIX_LEN (256, a prefix every
 # prompt shares, so that requests hit the prefix cache), REQUEST_RATE (inf),
 # VLLM (the vLLM command, default `vllm`), PYTHON (default python3).
@@ -14,9 +26,30 @@
 # trace carries vLLM's block hashes, docs/traces.md) and requests that stop on EOS (no
 # --ignore-eos).
 set -euo pipefail
-model=${1:?usage: record-gpu.sh MODEL SPECULATIVE_CONFIG_JSON [OUT.ndjson]}
-speculative=${2:?usage: record-gpu.sh MODEL SPECULATIVE_CONFIG_JSON [OUT.ndjson]}
-out=$(realpath -m "${3:-dualbudget-trace.ndjson}")
+usage="usage: record-gpu.sh MODEL SPECULATIVE_CONFIG_JSON [OUT.ndjson] | --preset FAMILY [OUT.ndjson]"
+tp=1
+if [[ ${1:-} == --preset ]]; then
+  case ${2:?$usage} in
+    gpt-oss-eagle3)
+      model=openai/gpt-oss-20b
+      speculative='{"method": "eagle3", "model": "RedHatAI/gpt-oss-20b-speculator.eagle3", "num_speculative_tokens": 3}' ;;
+    deepseek-mtp)
+      model=deepseek-ai/DeepSeek-V3.1 tp=8
+      speculative='{"method": "mtp", "num_speculative_tokens": 1}' ;;
+    qwen3-next-mtp)
+      model=Qwen/Qwen3-Next-80B-A3B-Instruct tp=4
+      speculative='{"method": "mtp", "num_speculative_tokens": 2}' ;;
+    *) echo "record-gpu.sh: unknown preset '$2' (gpt-oss-eagle3, deepseek-mtp, qwen3-next-mtp)" >&2
+       exit 2 ;;
+  esac
+  model=${MODEL:-$model} speculative=${SPECULATIVE_CONFIG:-$speculative}
+  out=$(realpath -m "${3:-dualbudget-trace-$2.ndjson}")
+else
+  model=${1:?$usage}
+  speculative=${2:?$usage}
+  out=$(realpath -m "${3:-dualbudget-trace.ndjson}")
+fi
+tp=${TENSOR_PARALLEL_SIZE:-$tp}
 port=${PORT:-8011}
 vllm=${VLLM:-vllm}
 python=${PYTHON:-python3}
@@ -25,6 +58,7 @@ export DUALBUDGET_TRACE=$out DUALBUDGET_TRACE_SOURCE=engine
 "$python" -m vllm.entrypoints.openai.api_server \
   --model "$model" --port "$port" \
   --speculative-config "$speculative" \
+  --tensor-parallel-size "$tp" \
   --scheduler-cls dualbudget.integration.recorder.RecordingScheduler \
   --max-num-batched-tokens "${MAX_NUM_BATCHED_TOKENS:-2048}" \
   --max-num-seqs "${MAX_NUM_SEQS:-64}" &

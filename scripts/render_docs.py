@@ -25,6 +25,7 @@ from typing import NamedTuple
 from dualbudget.proofs.manifest import load_manifest
 from dualbudget.proofs.obligations import BRANCHES, CHAIN, catalog, lower_of
 from dualbudget.proofs.strengthenings import NEEDED, SHOWN
+from dualbudget.reference.deployments import deployments_markdown
 from dualbudget.reference.scenario import scenario_markdown
 from dualbudget.reference.settings import settings_markdown
 from dualbudget.reference.trace_schema import step_record_markdown, trace_markdown
@@ -302,6 +303,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "profiles": profile_table,
     "modules": module_table,
     "settings": settings_markdown,
+    "deployments": deployments_markdown,
     "scenario-format": scenario_markdown,
     "step-record": step_record_markdown,
     "trace-format": trace_markdown,
@@ -322,6 +324,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         "trace-format",
     ),
     "docs/traces.md": ("settings",),
+    "docs/reference.md": ("deployments",),
 }
 """The blocks each document must hold; any document may hold any other block."""
 

@@ -19,6 +19,30 @@ from .releases import Release
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
+KV_GROUP_KINDS = (
+    "full_attention",
+    "mla_attention",
+    "sliding_window",
+    "sliding_window_mla",
+    "chunked_local_attention",
+    "mamba",
+)
+"""The KV cache spec kinds the reference models, in vLLM's ``KVCacheSpecKind`` names."""
+REFUSED_KV_GROUP_KINDS = {
+    "sink_full_attention": "SinkFullAttentionSpec",
+    "encoder_only_attention": "EncoderOnlyAttentionSpec",
+    "cross_attention": "CrossAttentionSpec",
+    "rswa": "RSWASpec",
+    "circular_buffer": "CircularBufferSpec",
+    "hisparse_hot": "HiSparseHotSpec",
+    "hisparse_resident": "HiSparseResidentSpec",
+    "hidden_state_cache": "HiddenStateCacheSpec",
+}
+"""Kinds vLLM has whose block rules the reference does not model, by vLLM's class: a
+group of one is refused by name, never run as another kind."""
+MAMBA_CACHE_MODES = ("none", "align")
+"""vLLM's ``CacheConfig.mamba_cache_mode`` (its ``MambaCacheMode``, the same in 0.32 and 0.33)."""
+
 
 class ConfigError(BadInput):
     """A configuration vLLM (or this spec) refuses; ``field`` names the offending key."""
@@ -54,6 +78,31 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class KVGroup:
+    """One of vLLM's ``KVCacheGroupSpec``: layers sharing a block table, with the fields of
+    its ``kv_cache_spec`` that decide blocks. Every group draws on the one pool."""
+
+    kind: str
+    """A kind of ``KV_GROUP_KINDS`` (vLLM's ``KVCacheSpecKind``)."""
+    block_size: int
+    sliding_window: int | None = None
+    """``SlidingWindowSpec.sliding_window``: tokens each token attends to, itself included
+    (``sliding_window`` and ``sliding_window_mla`` only)."""
+    attention_chunk_size: int | None = None
+    """``ChunkedLocalAttentionSpec.attention_chunk_size`` (``chunked_local_attention``
+    only)."""
+    mamba_cache_mode: str = "none"
+    """``CacheConfig.mamba_cache_mode`` (``mamba`` only): ``none`` keeps one state block,
+    ``align`` a state per block boundary."""
+    is_eagle_group: bool = False
+    """``KVCacheGroupSpec.is_eagle_group``: the group holds the drafter's layers and its
+    prefix hit drops the last block, where the release drops it."""
+    is_draft: bool = False
+    """The drafter's own spec (``KVCacheSpec.is_draft``: DFlash and DSpark drafters whose
+    spec does not merge into the target's), a group of its own."""
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """vLLM's scheduler, cache and speculative settings that bear on budgets."""
 
@@ -73,6 +122,14 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     """vLLM's ``CacheConfig.enable_prefix_caching``: full blocks are cached by their hash
     chain and a new request starts at its longest cached prefix (docs/design.md §6)."""
+    kv_groups: tuple[KVGroup, ...] = ()
+    """vLLM's ``KVCacheConfig.kv_cache_groups``; () is one ``full_attention`` group of
+    ``block_size``, the layout of every config before groups were modelled."""
+
+    @property
+    def groups(self) -> tuple[KVGroup, ...]:
+        """The KV groups, () resolved to its one full-attention group."""
+        return self.kv_groups or (KVGroup("full_attention", self.block_size),)
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -149,6 +206,14 @@ def check_engine_config(config: EngineConfig) -> None:
             "enable_prefix_caching",
             f"must be true or false, got {config.enable_prefix_caching!r}",
         )
+    for index, group in enumerate(config.kv_groups):
+        check_kv_group(group, f"kv_groups[{index}]")
+    modes = {group.mamba_cache_mode for group in config.kv_groups if group.kind == "mamba"}
+    if len(modes) > 1:
+        # One CacheConfig.mamba_cache_mode serves every Mamba group.
+        raise ConfigError(
+            "kv_groups", f"Mamba groups share one mamba_cache_mode, got {sorted(modes)}"
+        )
     spec = config.speculative_config
     if spec is not None:
         k = spec.num_speculative_tokens
@@ -160,6 +225,45 @@ def check_engine_config(config: EngineConfig) -> None:
             layout_for(spec.method, spec.parallel_drafting, spec.dspark_layout)
         except BadInput as err:
             raise ConfigError("speculative_config.method", str(err)) from None
+
+
+def check_kv_group(group: KVGroup, where: str) -> None:
+    """Raise ConfigError for a group the reference cannot run: a kind vLLM has but the
+    reference does not model is refused by its vLLM class name."""
+    if group.kind in REFUSED_KV_GROUP_KINDS:
+        raise ConfigError(
+            f"{where}.kind",
+            f"{REFUSED_KV_GROUP_KINDS[group.kind]} ({group.kind!r}) is not modelled",
+        )
+    if group.kind not in KV_GROUP_KINDS:
+        raise ConfigError(
+            f"{where}.kind", f"unknown kind {group.kind!r} (known: {', '.join(KV_GROUP_KINDS)})"
+        )
+    size = group.block_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"{where}.block_size", f"must be a positive integer, got {size!r}")
+    windowed = group.kind in ("sliding_window", "sliding_window_mla")
+    _check_length(group.sliding_window, windowed, f"{where}.sliding_window", group.kind)
+    chunked = group.kind == "chunked_local_attention"
+    _check_length(group.attention_chunk_size, chunked, f"{where}.attention_chunk_size", group.kind)
+    if group.mamba_cache_mode not in MAMBA_CACHE_MODES:
+        raise ConfigError(
+            f"{where}.mamba_cache_mode",
+            f"unknown mode {group.mamba_cache_mode!r} (known: {', '.join(MAMBA_CACHE_MODES)})",
+        )
+    if group.mamba_cache_mode != "none" and group.kind != "mamba":
+        raise ConfigError(f"{where}.mamba_cache_mode", f"applies to mamba, not {group.kind!r}")
+
+
+def _check_length(value: int | None, wanted: bool, field: str, kind: str) -> None:
+    """A kind's own length (window, chunk): a positive integer where the kind has one,
+    absent elsewhere."""
+    if not wanted:
+        if value is not None:
+            raise ConfigError(field, f"applies to no {kind!r} group")
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, f"must be a positive integer for {kind!r}, got {value!r}")
 
 
 def runs_async(spec: SpeculativeConfig, release: Release) -> bool:

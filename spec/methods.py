@@ -86,7 +86,7 @@ ONE = PerK(0, 1)
 LAYOUTS: tuple[MethodLayout, ...] = (
     MethodLayout(
         "ngram",
-        ("ngram", "suffix"),
+        ("ngram", "suffix", "ngram_gpu"),
         False,
         None,
         0,

@@ -81,6 +81,10 @@ class Release:
     """A running request's blocks are cached as its output arrives, up to its verified
     tokens less those a stop trims, with spec tokens or async scheduling (True); or only
     under async scheduling, up to its output placeholders (False)."""
+    caps_hits_for_routed_experts: bool
+    """With ``enable_return_routed_experts`` on, the waiting loop cuts a prefix-cache hit
+    at what the routed-experts output connector holds (``max_cache_hit``: True); or the
+    setting changes no scheduling decision (False)."""
 
     def __hash__(self) -> int:
         # The tables are mappings: a release is known by its version.
@@ -145,7 +149,9 @@ _LOOKAHEAD = _table(
         "dspark-fill-in": K_PLUS_1,
     }
 )
-_ASYNC_V1 = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "dspark")
+# ngram_gpu's drafter runs on the device inside the model runner, so vLLM lists it
+# with the EAGLE types as async-capable.
+_ASYNC_V1 = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "dspark", "ngram_gpu")
 _EAGLE_STYLE = ("eagle", "eagle3", "mtp")
 
 VLLM_0_32 = Release(
@@ -165,6 +171,7 @@ VLLM_0_32 = Release(
     continues_after_priority_self_preemption=False,
     resolves_placeholders_of_sampled=False,
     caches_verified_output=False,
+    caps_hits_for_routed_experts=False,
 )
 VLLM_0_33 = Release(
     version="0.33",
@@ -183,6 +190,7 @@ VLLM_0_33 = Release(
     continues_after_priority_self_preemption=True,
     resolves_placeholders_of_sampled=True,
     caches_verified_output=True,
+    caps_hits_for_routed_experts=True,
 )
 
 RELEASES: dict[str, Release] = {release.version: release for release in (VLLM_0_32, VLLM_0_33)}

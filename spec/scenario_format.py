@@ -10,10 +10,10 @@ witnesses too; it takes plain values and the spec's config.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any
 
-from .config import EngineConfig, SpeculativeConfig
+from .config import EngineConfig, KVGroup, SpeculativeConfig
 
 FORMAT = "dualbudget-scenario"
 VERSION = 1
@@ -29,7 +29,21 @@ def config_to_json(config: EngineConfig) -> dict[str, Any]:
         value = getattr(config, item.name)
         if (item.default is None or item.default is False) and value is item.default:
             continue
+        if item.name == "kv_groups":
+            if value:
+                out[item.name] = [kv_group_to_json(group) for group in value]
+            continue
         out[item.name] = speculative_to_json(value) if item.name == "speculative_config" else value
+    return out
+
+
+def kv_group_to_json(group: KVGroup) -> dict[str, Any]:
+    """One KV group: its kind and block size, every other field only when set."""
+    out: dict[str, Any] = {}
+    for item in fields(group):
+        value = getattr(group, item.name)
+        if item.default is MISSING or value != item.default:
+            out[item.name] = value
     return out
 
 

@@ -16,9 +16,9 @@ from dualbudget.integration.aims import (
     TokenBudget,
     admission_capped,
     aimed_config,
+    full_request_blocks,
     reserve,
 )
-from dualbudget.reference.kv import cdiv
 from dualbudget.spec.config import ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named
@@ -47,7 +47,12 @@ def _within(config: EngineConfig, bounds: ConfigBounds, profile: str, layout: st
     assert config.enable_chunked_prefill in bounds.chunked_prefill
     assert config.scheduling_policy in bounds.policies
     assert config.enable_prefix_caching == bounds.prefix_caching
-    need = cdiv(config.max_model_len, config.block_size) + 1
+    need = full_request_blocks(config.max_model_len, config.block_size, config.kv_groups)
+    if bounds.kv_layouts:
+        drawn = [tuple(shape.at(config.block_size) for shape in kv) for kv in bounds.kv_layouts]
+        assert config.kv_groups in drawn
+    else:
+        assert config.kv_groups == ()
     assert any(
         low <= config.num_gpu_blocks <= high
         for low, high in (pool.range_at(need, seqs) for pool in bounds.pools)

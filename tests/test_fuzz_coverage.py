@@ -22,7 +22,7 @@ from dualbudget.integration.coverage import (
     where_full_hits_happen,
 )
 from dualbudget.integration.outcome import FuzzResult
-from dualbudget.reference.scheduler import OBSERVED
+from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, OBSERVED
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.releases import RELEASES, release_named
 
@@ -106,3 +106,12 @@ def test_the_coverage_table_has_a_column_per_row_in_the_tables_order() -> None:
     result.coverage["ngram"]["resume_rehit"] = 0
     code, table = fuzz_verdict(result, ["ngram"], gate=True)
     assert code == 1 and "FAIL: coverage at zero for ngram:resume_rehit" in table
+
+
+def test_the_hybrid_rows_are_the_coordinators_counters_drawn_by_the_hybrid_aim() -> None:
+    """The KV-group events are counted by the reference's coordinator and drawn only by
+    the aim that draws group layouts: every other aim keeps vLLM's one group."""
+    hybrid = {event.name for event in COVERAGE if event.aim == "hybrid"}
+    assert hybrid == set(KV_GROUP_OBSERVED)
+    assert AIMS["hybrid"].configs.kv_layouts
+    assert all(not aim.configs.kv_layouts for name, aim in AIMS.items() if name != "hybrid")

@@ -52,7 +52,7 @@ SUBCOMMANDS = _subcommands()
 def test_every_subcommand_of_the_readme_has_options() -> None:
     assert set(SUBCOMMANDS) == {
         "schedule", "workload", "prove", "fuzz", "replay", "bench", "check", "mutate",
-        "simulate", "diff", "report",
+        "simulate", "diff", "report", "settings",
     }  # fmt: skip
     for name, parser in SUBCOMMANDS.items():
         assert dataclasses.is_dataclass(parser.get_default("options")), name

@@ -251,7 +251,7 @@ def as_version_2(lines: list[str]) -> list[str]:
     header["version"] = 2
     for setting in SETTINGS:
         if setting.recorded_since > 2:
-            del header["settings"][setting.name]
+            header["settings"].pop(setting.name, None)
     return [json.dumps(header), *lines[1:]]
 
 

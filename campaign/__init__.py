@@ -1,0 +1,1 @@
+"""dualbudget.campaign: the executor seam (local processes or Ray), campaigns in SQLite."""

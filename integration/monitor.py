@@ -1,0 +1,292 @@
+"""The contract as a runtime monitor: every live step of any vLLM scheduler checked for C3,
+C4 and the decidable part of C5, from vLLM's own scheduler output and KV state alone.
+
+The monitor is a second opinion beside the lockstep, independent of the reference: it
+imports no reference scheduling code and knows no budget policy. It reads what vLLM
+decided (``num_scheduled_tokens`` and the preempted requests of the step), what each
+request wanted just before ``schedule()`` and how many blocks vLLM's own pool holds
+free, and evaluates the contract's predicates of ``spec.invariants`` (their one home) on
+the layout's true draft rows ``C(q)`` (``spec.methods``), never on a policy's charge:
+
+- **C3 buffer peak** (every step): ``buffer_peak_ok`` with the hard target cap
+  ``min(S, B)``: ``T <= min(S, B)`` and ``D = sum C(q_i) <= B``.
+- **C4 progress** (every empty step: nothing scheduled, nothing preempted): a violation
+  only where a request could have run with vLLM's own pool: a running request that
+  wants at least one token (none of its output in flight) and whose next token plus
+  vLLM's lookahead slots fit the blocks it holds and the pool's free blocks, or a
+  waiting request first in vLLM's queue order (fewer running than ``max_num_seqs``;
+  vLLM's waiting loop stops at the first it cannot schedule) all of whose tokens plus the
+  lookahead fit the pool's free blocks (an upper bound of what one token of it needs,
+  prefix hits included); in both cases only where one token keeps the hard limits
+  (``one_token_fits``), and, with ``enable_chunked_prefill`` off, where the waiting
+  request's whole rest does (``within_hard_limits``: vLLM never splits it). A step
+  vLLM had to leave empty for want of blocks is never judged, nor, under async
+  scheduling, one taken while the previous step's output is still in flight (vLLM
+  rightly holds back a preempted request whose stale output is still to come).
+- **C5 tightness, its decidable part**: a request vLLM *scheduled* with fewer tokens than
+  it wanted (``0 < q < need``, ``need`` being what it held before the step, spec tokens
+  and output placeholders included, capped by ``max_model_len - 1 - K``) is a violation
+  when one more token keeps the hard limits (``one_more_token_fits``: C3 against
+  ``min(S, B)`` and ``B``, ``max_num_seqs``). Cuts the monitor cannot attribute are not
+  judged: a request not scheduled at all (queue order and KV admission decide that, not
+  the budget), a cut at or above a positive ``long_prefill_token_threshold``, every cut
+  of a step that preempted (a victim's refund frees room after the cut was made, room
+  the cut could not have used), and every cut of a scheduler whose KV cache has more
+  than one group (block-aligned splits). Those are C5's rest, which only a scheduler
+  that knows the policy's budgets can decide: the lockstep's reference.
+
+Violations are collected, never raised: the lockstep's verdict is the reference's, the
+monitor's is reported beside it (``integration.outcome``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dualbudget.spec.config import EngineConfig
+from dualbudget.spec.invariants import (
+    buffer_peak_ok,
+    one_more_token_fits,
+    one_token_fits,
+    within_hard_limits,
+)
+from dualbudget.spec.policies import StepParams
+
+MONITORED = ("C3", "C4", "C5")
+"""The contract items the monitor checks on every live step."""
+
+
+@dataclass(frozen=True)
+class MonitorViolation:
+    contract: str
+    step: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One unfinished request just before ``schedule()``, as vLLM holds it."""
+
+    num_tokens_with_spec: int
+    num_output_placeholders: int
+    num_computed_tokens: int
+    running: bool
+    """In vLLM's running queue (else waiting)."""
+    blocks_held: int
+    """Blocks of its single KV group (0 for a waiting request)."""
+    first_waiting: bool = False
+    """First in vLLM's waiting queue, in its policy's order: the request vLLM's waiting
+    loop considers first."""
+
+
+@dataclass(frozen=True)
+class StepSeen:
+    """One live step as the monitor judges it: vLLM's decision, and what it held."""
+
+    step: int
+    scheduled: Mapping[str, int]
+    preempted: Sequence[str]
+    wanted: Mapping[str, Wanted]
+    """Every unfinished request before the step."""
+    free_blocks: int | None
+    """Free blocks of vLLM's pool after the step; None: not readable (C4 not judged)."""
+    num_running: int
+    """Requests in vLLM's running queue before the step."""
+    single_group: bool
+    """One KV cache group: block counts and cuts are judged (C4, C5)."""
+
+
+class Monitor:
+    """C3, C4 and C5's decidable part on one config's live steps.
+
+    ``draft_rows`` replaces the layout's ``C(q)`` (a test tells it a wrong one to see it
+    fail); ``block_size`` and ``num_lookahead_tokens`` are vLLM's.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        num_lookahead_tokens: int = 0,
+        draft_rows: Callable[[int], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.params = StepParams.of(config)
+        self.draft_rows: Callable[[int], int] = draft_rows or (
+            lambda q: int(self.params.draft_rows(q))
+        )
+        self.hard_target_cap = min(config.scheduled_tokens_cap, config.max_num_batched_tokens)
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.violations: list[MonitorViolation] = []
+        self.steps = 0
+        self.in_flight = False
+        """Async scheduling: the last step judged scheduled something, so its output is
+        still in flight while the next step schedules."""
+
+    def judge(self, seen: StepSeen) -> list[MonitorViolation]:
+        """The violations of ``seen``; also kept in ``violations``."""
+        found = self._c3(seen) + self._c4(seen) + self._c5(seen)
+        self.in_flight = self.config.async_scheduling and bool(seen.scheduled)
+        self.steps += 1
+        self.violations += found
+        return found
+
+    def _c3(self, seen: StepSeen) -> list[MonitorViolation]:
+        target = sum(seen.scheduled.values())
+        draft = sum(self.draft_rows(q) for q in seen.scheduled.values())
+        if buffer_peak_ok(self.params, self.hard_target_cap, target, draft):
+            return []
+        return [
+            MonitorViolation(
+                "C3",
+                seen.step,
+                f"buffer peak: T={target} D={draft} over {len(seen.scheduled)} requests,"
+                f" min(max_num_scheduled_tokens, max_num_batched_tokens)={self.hard_target_cap}"
+                f" max_num_batched_tokens={self.config.max_num_batched_tokens}",
+            )
+        ]
+
+    def _need(self, wanted: Wanted, computed: int) -> int:
+        """What a request wants of a step that finds it ``computed`` tokens in: vLLM's
+        ``num_tokens_with_spec + num_output_placeholders - num_computed_tokens``, capped
+        so that its positions stay below ``max_model_len`` whatever the release's margin
+        (``1`` or ``1 + K``)."""
+        raw = wanted.num_tokens_with_spec + wanted.num_output_placeholders - computed
+        margin = 1 + self.config.num_speculative_tokens
+        return min(raw, self.config.max_model_len - computed - margin)
+
+    def _c4(self, seen: StepSeen) -> list[MonitorViolation]:
+        if seen.scheduled or seen.preempted or seen.free_blocks is None or not seen.single_group:
+            return []
+        if self.in_flight or not one_token_fits(self.params):
+            return []
+        size, lookahead = self.config.block_size, self.num_lookahead_tokens
+        for rid, wanted in seen.wanted.items():
+            if wanted.running:
+                # Output in flight (async scheduling): vLLM may rightly wait for it.
+                if wanted.num_output_placeholders:
+                    continue
+                computed = wanted.num_computed_tokens
+                if self._need(wanted, computed) < 1:
+                    continue
+                blocks = _cdiv(computed + 1 + lookahead, size) - wanted.blocks_held
+            else:
+                if not wanted.first_waiting or seen.num_running >= self.config.max_num_seqs:
+                    continue
+                rest = wanted.num_tokens_with_spec - wanted.num_computed_tokens
+                if not self.config.enable_chunked_prefill and not within_hard_limits(
+                    self.params, rest, self.draft_rows(rest), 1
+                ):
+                    continue
+                # A preempted request waits to recompute its output too: all its tokens.
+                blocks = _cdiv(wanted.num_tokens_with_spec + 1 + lookahead, size)
+            if blocks <= seen.free_blocks:
+                where = "running" if wanted.running else "waiting"
+                return [
+                    MonitorViolation(
+                        "C4",
+                        seen.step,
+                        f"empty step while {where} request {rid} could run: it needs at most"
+                        f" {max(blocks, 0)} blocks and vLLM's pool has {seen.free_blocks}"
+                        " free",
+                    )
+                ]
+        return []
+
+    def _c5(self, seen: StepSeen) -> list[MonitorViolation]:
+        if not seen.single_group or seen.preempted:
+            return []
+        threshold = self.config.long_prefill_token_threshold
+        target = sum(seen.scheduled.values())
+        draft = sum(self.draft_rows(q) for q in seen.scheduled.values())
+        count = len(seen.scheduled)
+        found = []
+        for rid, q in seen.scheduled.items():
+            wanted = seen.wanted.get(rid)
+            if wanted is None or (0 < threshold <= q):
+                continue
+            # vLLM's ``_update_after_schedule`` has added q: the step found it q before.
+            need = self._need(wanted, wanted.num_computed_tokens)
+            if not 0 < q < need:
+                continue
+            rest_target, rest_draft = target - q, draft - self.draft_rows(q)
+            if one_more_token_fits(self.params, rest_target, rest_draft, count - 1, q):
+                found.append(
+                    MonitorViolation(
+                        "C5",
+                        seen.step,
+                        f"request {rid} granted {q} of the {need} tokens it wanted though"
+                        f" one more fits: T={target} D={draft} over {count} requests,"
+                        f" max_num_batched_tokens={self.config.max_num_batched_tokens}",
+                    )
+                )
+        return found
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# -- reading vLLM ---------------------------------------------------------------------------
+VLLM_FIELDS = ("running", "waiting", "requests", "kv_cache_manager", "kv_cache_config")
+"""What the monitor reads of vLLM's ``Scheduler`` (any subclass has them)."""
+
+
+def readable(scheduler: object) -> bool:
+    """Whether ``scheduler`` is one the monitor can read: vLLM's, not a test's stand-in."""
+    return all(hasattr(scheduler, name) for name in VLLM_FIELDS)
+
+
+def wanted_before(scheduler: Any) -> dict[str, Wanted]:
+    """Every unfinished request of vLLM's ``scheduler`` just before ``schedule()``."""
+    running = {str(request.request_id) for request in scheduler.running}
+    first = next(iter(scheduler.waiting), None)
+    first_waiting = None if first is None else str(first.request_id)
+    manager = scheduler.kv_cache_manager
+    wanted = {}
+    for rid, request in scheduler.requests.items():
+        if request.is_finished():
+            continue
+        held = 0
+        if rid in running:
+            groups = manager.get_block_ids(rid)
+            held = len(groups[0]) if groups else 0
+        wanted[str(rid)] = Wanted(
+            num_tokens_with_spec=int(request.num_tokens_with_spec),
+            num_output_placeholders=int(getattr(request, "num_output_placeholders", 0)),
+            num_computed_tokens=int(request.num_computed_tokens),
+            running=str(rid) in running,
+            blocks_held=held,
+            first_waiting=str(rid) == first_waiting,
+        )
+    return wanted
+
+
+def step_seen(
+    scheduler: Any,
+    step: int,
+    scheduled: Mapping[str, int],
+    preempted: Sequence[str],
+    before: Mapping[str, Wanted],
+) -> StepSeen:
+    """The step vLLM's ``scheduler`` just made, with ``before`` (``wanted_before``) made
+    exact: a scheduled request's computed tokens are read back as vLLM's
+    ``schedule()`` found them (after its prefix-cache hits), its count less ``q``."""
+    wanted = dict(before)
+    for rid, q in scheduled.items():
+        request = scheduler.requests.get(rid)
+        if request is not None and rid in wanted:
+            old = wanted[rid]
+            wanted[rid] = replace(old, num_computed_tokens=int(request.num_computed_tokens) - q)
+    groups = len(scheduler.kv_cache_config.kv_cache_groups)
+    return StepSeen(
+        step=step,
+        scheduled=dict(scheduled),
+        preempted=tuple(preempted),
+        wanted=wanted,
+        free_blocks=int(scheduler.kv_cache_manager.block_pool.get_num_free_blocks()),
+        num_running=sum(1 for w in before.values() if w.running),
+        single_group=groups == 1,
+    )

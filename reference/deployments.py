@@ -1,0 +1,128 @@
+"""The deployments people serve with speculative decoding, as the trace recorder would
+write them, and whether each release's trace of one replays: the settings table
+(``reference/settings.py``) and the engine config checks decide, nothing here does.
+
+Each family is its vLLM defaults (async scheduling, prefix caching) plus what sets it
+apart: its KV cache groups, as vLLM's ``KVCacheConfig`` holds them and the recorder writes
+them (``kv_cache_groups`` in the settings, ``config.kv_groups``), and the settings its
+usual deployment turns on. docs/reference.md renders the table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from dualbudget.spec.config import (
+    EngineConfig,
+    KVGroup,
+    SpeculativeConfig,
+    check_async_scheduling,
+    check_engine_config,
+    runs_async,
+)
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.profiles import release_profile
+from dualbudget.spec.releases import RELEASES, Release
+
+from .settings import KV_SPEC_KINDS, Json, assumed_settings, first_unreplayed
+
+_CLASS_OF_KIND = {kind: name for name, kind in KV_SPEC_KINDS.items()}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    family: str
+    method: str
+    num_speculative_tokens: int
+    groups: tuple[tuple[str, KVGroup], ...]
+    """vLLM's spec class and the group, per KV cache group."""
+    settings: dict[str, Json] = field(default_factory=dict)
+    """Settings the deployment runs at other than vLLM's default."""
+
+    def config(self, release: Release) -> EngineConfig:
+        """Its engine config on ``release``, at vLLM's defaults: async scheduling where
+        the release runs the method's drafter async, prefix caching on."""
+        spec = SpeculativeConfig(self.method, self.num_speculative_tokens)
+        kv_groups = tuple(group for _, group in self.groups)
+        if [name for name, _ in self.groups] == ["FullAttentionSpec"]:
+            kv_groups = ()  # as the recorder writes one full-attention group
+        return EngineConfig(
+            max_num_batched_tokens=8192,
+            max_num_seqs=1024,
+            max_model_len=32768,
+            block_size=self.groups[0][1].block_size,
+            num_gpu_blocks=100_000,
+            speculative_config=spec,
+            async_scheduling=runs_async(spec, release),
+            enable_prefix_caching=True,
+            kv_groups=kv_groups,
+        )
+
+    def recorded_settings(self) -> dict[str, Json]:
+        groups = {"kv_cache_groups": [name for name, _ in self.groups]}
+        return {**assumed_settings(), **groups, **self.settings}
+
+    def verdict(self, version: str) -> str:
+        """``replays`` or ``refused: why`` for a trace of this deployment from ``version``."""
+        release = RELEASES[version]
+        config = self.config(release)
+        profile = release_profile(release)
+        try:
+            check_engine_config(config)
+            check_async_scheduling(config, release)
+        except BadInput as err:
+            return f"refused: {err}"
+        found = first_unreplayed(self.recorded_settings(), config, profile)
+        if found is None:
+            return "replays"
+        setting, value = found
+        return f"refused: `{setting.name}` = `{json.dumps(value)}` ({setting.changes})"
+
+
+def _group(kind: str, block_size: int = 16, **fields: object) -> tuple[str, KVGroup]:
+    return _CLASS_OF_KIND.get(kind, kind), KVGroup(kind, block_size, **fields)  # type: ignore[arg-type]
+
+
+_FULL = _group("full_attention")
+
+DEPLOYMENTS: tuple[Deployment, ...] = (
+    Deployment(
+        "gpt-oss + EAGLE3", "eagle3", 3,
+        (_group("sliding_window", sliding_window=128), _FULL),
+    ),
+    Deployment("DeepSeek V3 / V3.1 + MTP", "mtp", 1, (_group("mla_attention", 64),)),
+    Deployment(
+        "DeepSeek V3 + MTP, P/D disaggregated", "mtp", 1, (_group("mla_attention", 64),),
+        {"kv_connector": "NixlConnector"},
+    ),
+    Deployment(
+        "DeepSeek V3 + MTP, long context (DCP 8)", "mtp", 1, (_group("mla_attention", 64),),
+        {"decode_context_parallel_size": 8},
+    ),
+    Deployment(
+        "Qwen3-Next + MTP", "mtp", 2,
+        (_group("mamba", 16, mamba_cache_mode="align"), _FULL),
+    ),
+    Deployment("Qwen3 dense + DFlash (merged drafter spec)", "dflash", 7, (_FULL,)),
+    Deployment("Llama 3.x + EAGLE3", "eagle3", 3, (_FULL,)),
+    Deployment(
+        "Llama 3.x + EAGLE3, KV offloading", "eagle3", 3, (_FULL,),
+        {"kv_connector": "OffloadingConnector"},
+    ),
+    Deployment("n-gram on a full-attention coder", "ngram", 4, (_FULL,)),
+)  # fmt: skip
+"""The families of the deployment table, oldest model first."""
+
+
+def deployments_markdown() -> str:
+    """The deployment table (docs/reference.md renders it)."""
+    versions = tuple(RELEASES)
+    header = ("deployment", "KV cache groups", *(f"vLLM {v}" for v in versions))
+    lines = [f"| {' | '.join(header)} |", f"|{' --- |' * len(header)}"]
+    for deployment in DEPLOYMENTS:
+        groups = " + ".join(f"`{name}`" for name, _ in deployment.groups)
+        verdicts = [deployment.verdict(version) for version in versions]
+        cells = [deployment.family, groups, *verdicts]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"

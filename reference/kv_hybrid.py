@@ -1,0 +1,194 @@
+"""The hybrid coordinator: several KV groups on one block pool, prefix caching off.
+
+Mirrors ``KVCacheManager.allocate_slots`` over vLLM's ``KVCacheCoordinator`` (with
+``HybridKVCacheCoordinator`` where there are several groups): each group keeps its own
+block table per request (``kv_single_type.py`` says how long, and which of its leading
+blocks attention no longer reads), and a request needs the sum over groups of the blocks
+each group lacks. The blocks a group skips are freed first, on the processed-token basis
+(computed tokens less those in flight), before the count, whether or not the count then
+fits, as vLLM's ``remove_skipped_blocks`` runs before ``get_num_blocks_to_allocate``.
+
+A request's table in each group is a ``GroupBlocks`` (``state.py``): real and null
+blocks by place, as vLLM's ``req_to_blocks``. A Mamba group in ``align`` mode also splits
+prefill chunks on its block boundaries (``block_aligned_split``, which the scheduler
+calls between a grant and its charge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from dualbudget.spec.config import EngineConfig
+
+from .events import AddRequest
+from .kv import NO_HIT, KVCacheManager
+from .kv_single_type import FullAttentionManager, single_type_manager
+from .state import GroupBlocks, RequestState, SchedulerState
+from .violations import UnmirroredVllmCrash
+
+
+@dataclass(frozen=True, slots=True)
+class HybridKVCacheManager(KVCacheManager):
+    """``KVCacheManager`` over ``groups`` sharing the state's pool (``free_blocks``);
+    ``request.num_blocks`` is the sum of the real blocks it holds in every group."""
+
+    groups: tuple[FullAttentionManager, ...] = ()
+    observed: dict[str, int] = field(default_factory=dict)
+    """The scheduler's ``observed``: the coordinator's events are counted there."""
+    split_block_size: int = 0
+    """``cache_config.block_size``, where a Mamba group runs in ``align`` mode (0: no
+    block-aligned split)."""
+    max_prefill_tokens: int = 0
+    """``max_num_scheduled_tokens``, capped by ``long_prefill_token_threshold`` when set:
+    a block wider than this may end a chunk mid-block."""
+    drop_eagle_block: bool = False
+    """The scheduler's ``use_eagle_block_drop``: the drafter's last block is recomputed,
+    so the last reusable state is one block earlier."""
+
+    enable_caching: ClassVar[bool] = False
+
+    def add_request(self, request: RequestState, event: AddRequest) -> None:
+        """An empty block table in every group."""
+        request.kv_groups = [GroupBlocks() for _ in self.groups]
+
+    def remove_skipped_blocks(
+        self, state: SchedulerState, request: RequestState, processed_computed_tokens: int
+    ) -> None:
+        """``remove_skipped_blocks``: each group frees what attention no longer reads."""
+        for group, blocks in zip(self.groups, request.kv_groups, strict=True):
+            freed = group.remove_skipped_blocks(blocks, processed_computed_tokens)
+            if freed:
+                state.free_blocks += freed
+                request.num_blocks -= freed
+                if group.recycles_window:
+                    self.observed["window_blocks_freed"] += freed
+
+    def allocate_slots(
+        self,
+        state: SchedulerState,
+        request: RequestState,
+        num_new_tokens: int,
+        hit: tuple[int, ...] = NO_HIT,
+    ) -> bool:
+        """Free what every group skips, then give each group the blocks it lacks for
+        ``num_new_tokens`` more (and the lookahead, capped at ``max_model_len``); False,
+        with only the skipped blocks freed, if the pool is short."""
+        total_computed = min(request.num_computed_tokens, self.max_model_len)
+        main = total_computed + num_new_tokens
+        need_slot = min(main + self.num_lookahead_tokens, self.max_model_len)
+        self.remove_skipped_blocks(
+            state, request, max(0, total_computed - request.num_in_flight_tokens)
+        )
+        pairs = list(zip(self.groups, request.kv_groups, strict=True))
+        wanted = sum(
+            group.num_blocks_to_allocate(blocks, need_slot, main, total_computed, False)
+            for group, blocks in pairs
+        )
+        if wanted > state.free_blocks:
+            return False
+        taken = sum(group.allocate_new_blocks(blocks, need_slot, main) for group, blocks in pairs)
+        if taken > state.free_blocks:
+            # The groups' counts fit the pool (a Mamba align group counts a table longer
+            # than needed as negative), but the groups then take more.
+            raise UnmirroredVllmCrash(
+                f"vLLM's BlockPool.get_new_blocks fails: request {request.request_id!r}'s"
+                f" groups take {taken} blocks of {state.free_blocks} free, counted {wanted}"
+            )
+        state.free_blocks -= taken
+        request.num_blocks += taken
+        # Every allocation may free skipped blocks, so this manager makes no
+        # kv_slots_covered promise: the RUNNING loop always asks it.
+        return True
+
+    def full_sequence_fits(
+        self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
+    ) -> bool:
+        """The ``full_sequence_must_fit`` gate: every group's blocks for the whole
+        sequence, a recycling group's capped at its admission bound, summed."""
+        total_computed = min(request.num_computed_tokens, self.max_model_len)
+        full = min(request.num_tokens, self.max_model_len)
+        wanted = sum(
+            group.num_blocks_to_allocate(blocks, full, full, total_computed, True)
+            for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+        )
+        return wanted <= state.free_blocks
+
+    def free(self, state: SchedulerState, request: RequestState) -> None:
+        """``free``: every group's real blocks go back to the pool."""
+        state.free_blocks += request.num_blocks
+        request.num_blocks = 0
+        request.kv_slots_covered = 0
+        request.kv_groups = [GroupBlocks() for _ in self.groups]
+
+    def preempt(self, state: SchedulerState, request: RequestState) -> None:
+        """A preemption frees every group's blocks (``hybrid_preempt`` when there are
+        several)."""
+        if len(self.groups) > 1:
+            self.observed["hybrid_preempt"] += 1
+        self.free(state, request)
+
+    def block_aligned_split(self) -> Callable[[RequestState, int], int] | None:
+        return self._mamba_block_aligned_split if self.split_block_size else None
+
+    def _mamba_block_aligned_split(self, request: RequestState, num_new_tokens: int) -> int:
+        """``Scheduler._mamba_block_aligned_split`` (no cache hit, no prefill checkpoint
+        blocks, no shared-prefix junction): a prefill chunk ends on a block boundary
+        (unless it ends the prefill, or a block is wider than a chunk can be), never past
+        a boundary it starts short of, nor past the last reusable state."""
+        start = request.num_computed_tokens
+        num_tokens = request.prompt_len + request.num_output_tokens
+        prefill_end = max(request.prompt_len, num_tokens - 1)
+        if start >= prefill_end:
+            return num_new_tokens
+        block_size = self.split_block_size
+        last_cache_position = self._checkpoint_position(num_tokens)
+        end = start + num_new_tokens
+        if end < prefill_end:
+            aligned_end = end // block_size * block_size
+            if aligned_end > start or block_size <= self.max_prefill_tokens:
+                end = aligned_end
+        next_block_boundary = (start // block_size + 1) * block_size if start % block_size else 0
+        for stop in (next_block_boundary, last_cache_position):
+            if start < stop < end:
+                end = stop
+        split = max(end - start, 0)
+        if split != num_new_tokens:
+            self.observed["mamba_aligned_split"] += 1
+        return split
+
+    def _checkpoint_position(self, num_tokens: int) -> int:
+        """``get_mamba_prefill_checkpoint_position`` (no lookahead hashes: caching is
+        off): the last block boundary whose state a resend could reuse, one token left
+        to recompute, or a block less where the drafter's last block is dropped."""
+        block_size = self.split_block_size
+        if self.drop_eagle_block:
+            return max(num_tokens // block_size * block_size - block_size, 0)
+        return (num_tokens - 1) // block_size * block_size
+
+
+def hybrid_manager(
+    config: EngineConfig,
+    num_lookahead_tokens: int,
+    observed: dict[str, int],
+    drop_eagle_block: bool,
+) -> HybridKVCacheManager:
+    """The coordinator over ``config``'s groups, in their order; ``drop_eagle_block`` is
+    the scheduler's ``use_eagle_block_drop``."""
+    groups = tuple(single_type_manager(group, config) for group in config.groups)
+    align = any(group.mamba_cache_mode == "align" for group in config.groups)
+    max_prefill_tokens = config.scheduled_tokens_cap
+    threshold = config.long_prefill_token_threshold
+    if threshold > 0:
+        max_prefill_tokens = min(max_prefill_tokens, threshold)
+    return HybridKVCacheManager(
+        config.block_size,
+        config.max_model_len,
+        num_lookahead_tokens,
+        groups,
+        observed,
+        config.block_size if align else 0,
+        max_prefill_tokens,
+        drop_eagle_block,
+    )

@@ -1,0 +1,236 @@
+"""One KV group's block rules: vLLM's ``SingleTypeKVCacheManager`` subclasses, by kind.
+
+A group keeps, per request, its block table (``GroupBlocks``: which places hold a real
+block and which a null block). Its rules are how many tokens the table must cover
+(``num_tokens``: Mamba adds its speculative blocks), which leading tokens attention no
+longer reads (``num_skipped_tokens``: their blocks go back to the pool and their places
+become null blocks) and the admission cap of a recycling kind (``admission_cap``). The
+hybrid coordinator (``kv_hybrid.py``) asks each group and sums; the budget policies never
+see a group. Prefix caching is off (``kv_coordinator`` refuses it for these layouts), so
+no hit ever reaches a group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualbudget.spec.config import EngineConfig, KVGroup
+
+from .kv import cdiv
+from .state import GroupBlocks
+
+
+@dataclass(frozen=True, slots=True)
+class FullAttentionManager:
+    """``FullAttentionManager`` (``MLAAttentionSpec`` included: MLA is scheduled as full
+    attention): every token's block is kept until the request is freed."""
+
+    block_size: int
+    recycles_window: bool = False
+    """Whether blocks this group skips fell out of an attention window (the coverage
+    event ``window_blocks_freed``), not behind a Mamba state."""
+    admission_cap: int | None = None
+    """``max_admission_blocks_per_request`` of a recycling kind (None: no cap)."""
+
+    def num_tokens(self, num_tokens: int) -> int:
+        """The tokens the group's table must cover for ``num_tokens`` slots."""
+        return num_tokens
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """``get_num_skipped_tokens``: the default skips nothing."""
+        return 0
+
+    def remove_skipped_blocks(self, blocks: GroupBlocks, processed_computed_tokens: int) -> int:
+        """``remove_skipped_blocks``: free the skipped blocks (as far as the table goes),
+        from the last back to the first null block (``_remove_blocks_in_range``).
+        Returns how many went back to the pool."""
+        skipped_tokens = self.num_skipped_tokens(processed_computed_tokens)
+        if skipped_tokens <= 0:
+            return 0
+        table = blocks.table
+        freed = 0
+        for index in range(min(skipped_tokens // self.block_size, len(table)) - 1, -1, -1):
+            if not table[index]:
+                break
+            table[index] = False
+            freed += 1
+        return freed
+
+    def num_blocks_to_allocate(
+        self,
+        blocks: GroupBlocks,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        total_computed_tokens: int,
+        admission: bool,
+    ) -> int:
+        """``get_num_blocks_to_allocate`` for ``num_tokens`` slots: the blocks past the
+        table or, where attention skips further, past the skipped blocks (``admission``:
+        the recycling kinds' cap applies)."""
+        required = cdiv(self.num_tokens(num_tokens), self.block_size)
+        cap = self.admission_cap
+        if admission and cap is not None and cap < required:
+            required = cap
+        skipped = self.num_skipped_tokens(total_computed_tokens) // self.block_size
+        return max(required - max(skipped, len(blocks.table)), 0)
+
+    def allocate_new_blocks(
+        self, blocks: GroupBlocks, num_tokens: int, num_tokens_main_model: int
+    ) -> int:
+        """``allocate_new_blocks``: the table grows to cover ``num_tokens`` slots.
+        Returns how many blocks it took from the pool."""
+        num_new = cdiv(self.num_tokens(num_tokens), self.block_size) - len(blocks.table)
+        if num_new <= 0:
+            return 0
+        blocks.table += [True] * num_new
+        return num_new
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingWindowManager(FullAttentionManager):
+    """``SlidingWindowManager`` (``SlidingWindowMLASpec`` too): the next token attends to
+    the last ``sliding_window`` tokens, itself included, so the ones before are skipped."""
+
+    sliding_window: int = 1
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # extra_retained_tokens is 0: no multi-module MTP in the subset.
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkedLocalAttentionManager(FullAttentionManager):
+    """``ChunkedLocalAttentionManager``: a token attends within its chunk of
+    ``attention_chunk_size``, so every whole chunk before the next token's is skipped."""
+
+    attention_chunk_size: int = 1
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
+
+
+@dataclass(frozen=True, slots=True)
+class MambaManager(FullAttentionManager):
+    """``MambaManager`` with ``mamba_cache_mode`` ``none``: only the last
+    computed token's state is kept, and ``num_speculative_blocks`` (vLLM sets it to
+    ``K``) more blocks hold the drafts' states."""
+
+    num_speculative_blocks: int = 0
+
+    def num_tokens(self, num_tokens: int) -> int:
+        return num_tokens + self.block_size * self.num_speculative_blocks
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens - 1
+
+
+@dataclass(frozen=True, slots=True)
+class MambaAlignManager(MambaManager):
+    """``MambaManager`` with ``mamba_cache_mode`` ``align``: a state per block boundary,
+    written where a chunk ends (the scheduler splits chunks there), the table padded
+    with null blocks up to the running state's block; lookahead slots are not counted,
+    and a request takes at most one block a step (plus its speculative blocks at
+    first). No prefill checkpoint blocks (``num_prefill_checkpoint_blocks`` 0)."""
+
+    def remove_skipped_blocks(self, blocks: GroupBlocks, processed_computed_tokens: int) -> int:
+        """Every real block before the last state's (``_remove_blocks_in_range`` skips
+        the null gaps and remembers how far it retired), then the state block of two
+        steps ago once the processed tokens are past it."""
+        table = blocks.table
+        freed = 0
+        skipped_tokens = processed_computed_tokens - 1
+        if skipped_tokens > 0:
+            first = blocks.num_retired_blocks
+            last = min(skipped_tokens // self.block_size, len(table))
+            if first < last:
+                for index in range(last - 1, first - 1, -1):
+                    if table[index]:
+                        table[index] = False
+                        freed += 1
+                blocks.num_retired_blocks = last
+        last_state = blocks.last_state_block_idx
+        if (
+            last_state >= 0
+            and last_state < cdiv(processed_computed_tokens, self.block_size) - 1
+            and table[last_state]
+        ):
+            table[last_state] = False
+            freed += 1
+        return freed
+
+    def num_blocks_to_allocate(
+        self,
+        blocks: GroupBlocks,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        total_computed_tokens: int,
+        admission: bool,
+    ) -> int:
+        # vLLM returns a negative count as it is (the coordinator sums it): a table
+        # longer than needed lowers what the other groups are asked.
+        num_new = (
+            cdiv(num_tokens_main_model, self.block_size)
+            + self.num_speculative_blocks
+            - len(blocks.table)
+        )
+        if num_new > 0:
+            cap = 1 if blocks.allocated else 1 + self.num_speculative_blocks
+            num_new = min(num_new, cap)
+        return num_new
+
+    def allocate_new_blocks(
+        self, blocks: GroupBlocks, num_tokens: int, num_tokens_main_model: int
+    ) -> int:
+        table, num_spec = blocks.table, self.num_speculative_blocks
+        required = cdiv(num_tokens_main_model, self.block_size) + num_spec
+        if required <= len(table):
+            blocks.allocated = True
+            return 0
+        prev = len(table)
+        if blocks.allocated:
+            blocks.last_state_block_idx = prev - 1 - num_spec
+        elif prev > 0:
+            blocks.last_state_block_idx = prev - 1
+        num_skipped = required - num_spec - 1
+        if prev < num_skipped:
+            table += [False] * (num_skipped - prev)
+        if blocks.allocated:
+            # The speculative blocks left behind the new running state move to the
+            # table's end (``_relocate_speculative_block``).
+            for index in range(prev - num_spec, prev):
+                if index >= num_skipped:
+                    break
+                table.append(table[index])
+                table[index] = False
+        num_new = max(required - len(table), 0)
+        table += [True] * num_new
+        blocks.allocated = True
+        return num_new
+
+
+def max_in_flight_tokens(config: EngineConfig) -> int:
+    """``VllmConfig.max_in_flight_tokens``: one batch per concurrent step (two with
+    ``async_scheduling``, vLLM's batch queue)."""
+    return (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+
+
+def single_type_manager(group: KVGroup, config: EngineConfig) -> FullAttentionManager:
+    """``get_manager_for_kv_cache_spec``: the rules of ``group``'s kind, with the
+    admission cap a recycling kind's spec computes (``max_admission_blocks_per_request``)."""
+    size, max_model_len = group.block_size, config.max_model_len
+    in_flight = max_in_flight_tokens(config)
+    if group.kind in ("sliding_window", "sliding_window_mla"):
+        assert group.sliding_window is not None
+        window = group.sliding_window
+        # +1: the window need not start at a block's start (SlidingWindowSpec).
+        cap = cdiv(min(window - 1 + in_flight, max_model_len), size) + 1
+        return SlidingWindowManager(size, True, cap, window)
+    if group.kind == "chunked_local_attention":
+        assert group.attention_chunk_size is not None
+        chunk = group.attention_chunk_size
+        cap = cdiv(min(chunk + in_flight, max_model_len), size)
+        return ChunkedLocalAttentionManager(size, True, cap, chunk)
+    if group.kind == "mamba":
+        mamba = MambaAlignManager if group.mamba_cache_mode == "align" else MambaManager
+        return mamba(size, False, None, config.num_speculative_tokens)
+    return FullAttentionManager(size)

@@ -1,0 +1,60 @@
+"""Units for the executor tests: module-level, so that a worker process or a Ray actor
+imports them by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from dualbudget.campaign.executor import cancelled
+
+
+def square(x: int) -> int:
+    # Later units finish first: map must still yield in unit order.
+    time.sleep(0.01 * (5 - x % 5))
+    return x * x
+
+
+def fails_at_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three is refused")
+    return x
+
+
+def dies_once(unit: tuple[int, str]) -> int:
+    """Kills its own worker the first time (a marker file says it did): a worker lost
+    mid-unit, as a killed process or a lost Ray node."""
+    value, marker = unit
+    if not Path(marker).exists():
+        Path(marker).write_text("died")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return value
+
+
+def waits_for_cancel(x: int) -> bool:
+    """Unit 0 returns at once; later units wait until told that unit 0 stopped the map."""
+    if x == 0:
+        return False
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if cancelled():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def logged_square(unit: tuple[int, str]) -> int:
+    """Appends its value to a log file (one line per execution) and is slow enough for
+    a driver to be killed between two units."""
+    value, log = unit
+    time.sleep(0.2)
+    with open(log, "a") as out:
+        out.write(f"{value}\n")
+    return value * value
+
+
+def process_fingerprint() -> str:
+    """Differs in every process: a worker's never equals the driver's."""
+    return f"process {os.getpid()}"

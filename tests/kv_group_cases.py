@@ -1,0 +1,179 @@
+"""KV-group cases worked by hand from vLLM's ``KVCacheManager``, its coordinators and
+``single_type_kv_cache_manager.py``, as data: a layout of groups, an event stream, the
+decisions expected of its steps and the pool's free blocks after each.
+``tests/test_kv_groups_reference.py`` runs them through the reference; the same events can
+be fed to the live vLLM, whose scheduler is built on the same groups (the numbers hold in
+0.32 and 0.33 but where a case names one release).
+
+Blocks of 4 tokens (8 where a Mamba group runs in align mode). A pool of
+``num_gpu_blocks`` lends one fewer (block 0 is the null block). Prefix caching is off
+(the reference models it for one full-attention group only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dualbudget.reference.events import (
+    AddRequest,
+    DraftProposals,
+    Event,
+    ModelOutput,
+    ScheduleStep,
+)
+from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
+from dualbudget.spec.methods import layout_named
+
+BLOCK_SIZE = 4
+STEP = ScheduleStep()
+SLIDING_WINDOW = KVGroup("sliding_window", BLOCK_SIZE, sliding_window=4)
+FULL = KVGroup("full_attention", BLOCK_SIZE)
+MAMBA_ALIGN = KVGroup("mamba", 8, mamba_cache_mode="align")
+"""In align mode the Mamba block is ``cache_config.block_size``: these cases use 8."""
+FULL_8 = KVGroup("full_attention", 8)
+
+Decision = tuple[dict[str, int], dict[str, int], list[str]]
+"""(num_scheduled_tokens, scheduled_spec_tokens, preempted) of one step."""
+
+
+def config(
+    num_gpu_blocks: int,
+    *groups: KVGroup,
+    method: str | None = None,
+    k: int = 2,
+    block_size: int = BLOCK_SIZE,
+) -> EngineConfig:
+    spec = None
+    if method is not None:
+        spec = SpeculativeConfig.for_layout(layout_named(method), k)
+    return EngineConfig(
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        speculative_config=spec,
+        kv_groups=groups,
+    )
+
+
+def sample(**num_sampled: int) -> ModelOutput:
+    return ModelOutput(dict(num_sampled))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    config: EngineConfig
+    events: tuple[Event, ...]
+    decisions: dict[int, Decision]
+    """Every step, worked by hand."""
+    free_blocks: dict[int, int]
+    """The pool's free blocks after each step's schedule (``get_num_free_blocks``)."""
+    observed: dict[str, int] = field(default_factory=dict)
+    """The coordinator's counters at the end (those not named: 0)."""
+    releases: tuple[str, ...] = ("0.32", "0.33")
+
+
+CASES: tuple[Case, ...] = (
+    Case(
+        # Window 4. Step 0: r0's 8 tokens take 2 blocks in each group (15 -> 11).
+        # Step 1: 8 tokens processed, the next token attends to tokens 5..8, so
+        # 8 - 4 + 1 = 5 are skipped: block 0 of the window group goes back (12); token 9
+        # needs a third block in each group (10). Step 2: 9 processed, 6 skipped, still
+        # one block; 10 tokens fit in 3 blocks: nothing moves.
+        "a sliding-window group frees the blocks out of its window",
+        config(16, SLIDING_WINDOW, FULL),
+        (AddRequest("r0", 8, 6), STEP, sample(r0=1), STEP, sample(r0=1), STEP),
+        {0: ({"r0": 8}, {}, []), 1: ({"r0": 1}, {}, []), 2: ({"r0": 1}, {}, [])},
+        {0: 11, 1: 10, 2: 10},
+        {"window_blocks_freed": 1},
+    ),
+    Case(
+        # Window 8 (nothing freed yet), 5 blocks lent. Step 0: r0 and r1 (4 tokens)
+        # pass the full-sequence gate (1 + 1 blocks each) and take them (5 -> 1).
+        # Step 1: r0's fifth token needs a second block in both groups, 2 > 1: the
+        # last running request, r1, is preempted and gives back its block of each
+        # group (3); r0 takes its 2 (1); no admission in a step that preempted.
+        "a preemption frees the blocks of two groups",
+        config(6, KVGroup("sliding_window", BLOCK_SIZE, sliding_window=8), FULL),
+        (AddRequest("r0", 4, 4), AddRequest("r1", 4, 4), STEP, sample(r0=1, r1=1), STEP),
+        {0: ({"r0": 4, "r1": 4}, {}, []), 1: ({"r0": 1}, {}, ["r1"])},
+        {0: 1, 1: 1},
+        {"hybrid_preempt": 1},
+    ),
+    Case(
+        # Chunks of 4. Step 0: r0's 10 tokens take 3 blocks per group (15 -> 9); the
+        # chunked group's admission cap cdiv(min(4 + 32, 64), 4) = 9 does not bite.
+        # Step 1: 10 processed, the next token is in chunk 8..11, so tokens 0..7 (two
+        # blocks) are skipped and freed (11); token 11 fits the third block.
+        "a chunked-local group frees the chunks before the current one",
+        config(16, KVGroup("chunked_local_attention", BLOCK_SIZE, attention_chunk_size=4), FULL),
+        (AddRequest("r0", 10, 4), STEP, sample(r0=1), STEP),
+        {0: ({"r0": 10}, {}, []), 1: ({"r0": 1}, {}, [])},
+        {0: 9, 1: 11},
+        {"window_blocks_freed": 2},
+    ),
+    Case(
+        # A Mamba group of 64-token blocks with K = 2 speculative blocks beside full
+        # attention, n-gram drafts. Step 0: 8 tokens: 2 full blocks, and
+        # cdiv(8 + 2 * 64, 64) = 3 Mamba blocks (15 -> 10). Step 1: 1 + 2 drafts, 11
+        # slots: a third full block, still 3 Mamba blocks (9); 7 skipped tokens free
+        # no 64-token block.
+        "a Mamba group holds its speculative blocks",
+        config(16, KVGroup("mamba", 64), FULL, method="ngram"),
+        (AddRequest("r0", 8, 8), STEP, sample(r0=1), DraftProposals({"r0": 2}), STEP),
+        {0: ({"r0": 8}, {}, []), 1: ({"r0": 3}, {"r0": 2}, [])},
+        {0: 10, 1: 9},
+    ),
+    Case(
+        # Mamba in align mode beside full attention, blocks of 8. Step 0: r0's 20-token
+        # prompt is granted 20, but the last state a resend could reuse is at
+        # (20 - 1) // 8 * 8 = 16, so the chunk ends there (16). Full attention takes 2
+        # blocks; Mamba at most 1 a step: its table is a null block, then the state's
+        # (15 -> 12). Step 1: the last 4 tokens (ending the prefill: no alignment); a
+        # third full block, and Mamba's next state block (10). Step 2: 20 processed,
+        # Mamba retires its block 1 (the state of two steps ago) (11); 21 tokens fit.
+        "a Mamba align split ends the chunk at the last reusable state",
+        config(16, MAMBA_ALIGN, FULL_8, block_size=8),
+        (AddRequest("r0", 20, 4), STEP, sample(), STEP, sample(r0=1), STEP),
+        {0: ({"r0": 16}, {}, []), 1: ({"r0": 4}, {}, []), 2: ({"r0": 1}, {}, [])},
+        {0: 12, 1: 10, 2: 11},
+        {"mamba_aligned_split": 1},
+    ),
+    Case(
+        # As above with DFlash (K = 2: two speculative Mamba blocks). 0.32's
+        # use_eagle_block_drop holds for DFlash: the drafter's last block is dropped,
+        # so the last reusable state is 20 // 8 * 8 - 8 = 8 and the chunk ends there.
+        # Full attention takes cdiv(8 + 3 lookahead, 8) = 2 blocks, Mamba 1 + 2 (15 ->
+        # 10).
+        "the drafter's block drop moves the Mamba split (0.32)",
+        config(16, MAMBA_ALIGN, FULL_8, block_size=8, method="dflash"),
+        (AddRequest("r0", 20, 4), STEP),
+        {0: ({"r0": 8}, {}, [])},
+        {0: 10},
+        {"mamba_aligned_split": 1},
+        releases=("0.32",),
+    ),
+    Case(
+        # 0.33 drops no block for DFlash (its KV does not read the next token): the
+        # chunk ends at 16; full attention cdiv(16 + 3, 8) = 3 blocks, Mamba
+        # cdiv(16, 8) + 2 = 4 places, at most 1 + 2 blocks: a null block first (15 -> 9).
+        "the drafter's block drop moves the Mamba split (0.33)",
+        config(16, MAMBA_ALIGN, FULL_8, block_size=8, method="dflash"),
+        (AddRequest("r0", 20, 4), STEP),
+        {0: ({"r0": 16}, {}, [])},
+        {0: 9},
+        {"mamba_aligned_split": 1},
+        releases=("0.33",),
+    ),
+    Case(
+        # One MLA group is full attention: r0 (8 tokens) takes 2 blocks (15 -> 13),
+        # its ninth token a third (12), exactly as with kv_groups left out.
+        "an MLA group is scheduled as full attention",
+        config(16, KVGroup("mla_attention", BLOCK_SIZE)),
+        (AddRequest("r0", 8, 4), STEP, sample(r0=1), STEP),
+        {0: ({"r0": 8}, {}, []), 1: ({"r0": 1}, {}, [])},
+        {0: 13, 1: 12},
+    ),
+)

@@ -1,0 +1,224 @@
+"""KV cache groups against the live vLLM (needs vLLM; docs/vllm-environments.md): vLLM's
+scheduler built on multi-group ``KVCacheConfig``s (``live.kv_cache_config_of``), the
+cases worked by hand from vLLM's managers (``tests/kv_group_cases.py``) run in lockstep
+with the reference, each worked step, the pool's free blocks and the reference's group
+counters pinned. Without vLLM these tests fail under CI=true, else skip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from dualbudget.integration.aims import AIMS
+from dualbudget.integration.live import installed_vllm_version
+from dualbudget.integration.lockstep import Divergence, Lockstep
+from dualbudget.integration.testing import live_profile_name
+from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
+from dualbudget.reference.kv_single_type import SlidingWindowManager
+from dualbudget.reference.scenario import load_scenario
+from dualbudget.reference.scheduler import KV_GROUP_OBSERVED
+from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
+from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
+from tests import kv_group_cases
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(scope="module")
+def profile() -> str:
+    return live_profile_name()
+
+
+def _cases_of_the_installed_release() -> list[kv_group_cases.Case]:
+    """The cases worked for the installed vLLM's release (all of them without vLLM, where
+    each fails or skips as ``require_live_vllm`` says)."""
+    version = installed_vllm_version()
+    if version is None:
+        return list(kv_group_cases.CASES)
+    release = ".".join(version.split(".")[:2])
+    return [case for case in kv_group_cases.CASES if release in case.releases]
+
+
+INSTALLED_CASES = _cases_of_the_installed_release()
+
+
+@pytest.mark.parametrize("case", INSTALLED_CASES, ids=[c.name for c in INSTALLED_CASES])
+def test_a_hand_worked_kv_group_case_agrees_live(case: kv_group_cases.Case, profile: str) -> None:
+    """Each event to both schedulers (``Lockstep`` compares every step's decisions); the
+    steps worked by hand and vLLM's free blocks after each, as the case has them, and the
+    reference's group counters at the end."""
+    # The cases' pools are smaller than one request of their max_model_len, which the
+    # lockstep's validation refuses; their requests never come near it.
+    config = case.config
+    usable = (config.num_gpu_blocks - 1) * min(group.block_size for group in config.groups)
+    lock = Lockstep(
+        dataclasses.replace(config, max_model_len=min(config.max_model_len, usable)), profile
+    )
+    pool = lock.live.scheduler.kv_cache_manager.block_pool
+    records: list[StepRecord] = []
+    free: list[int] = []
+    for event in case.events:
+        if lock.handle(event) is not None:
+            assert lock.last_live is not None
+            records.append(lock.last_live)
+            free.append(pool.get_num_free_blocks())
+    for step, (scheduled, spec, preempted) in case.decisions.items():
+        record = records[step]
+        assert (record.num_scheduled_tokens, record.scheduled_spec_tokens) == (scheduled, spec), (
+            step
+        )
+        assert sorted(record.preempted) == preempted, step
+    assert {step: free[step] for step in case.free_blocks} == case.free_blocks
+    observed = lock.reference.observed
+    for name in KV_GROUP_OBSERVED:
+        assert observed[name] == case.observed.get(name, 0), name
+
+
+FAMILIES: dict[str, tuple[KVGroup, ...]] = {
+    # gpt-oss + EAGLE3: sliding-window and full attention, the drafter's layers in the
+    # full-attention group.
+    "sliding window + full": (
+        KVGroup("sliding_window", 4, sliding_window=8),
+        KVGroup("full_attention", 4, is_eagle_group=True),
+    ),
+    # DeepSeek V3 + MTP: one MLA group.
+    "MLA": (KVGroup("mla_attention", 4),),
+    # DeepSeek V3.2: sliding-window MLA beside MLA.
+    "sliding-window MLA + MLA": (
+        KVGroup("sliding_window_mla", 4, sliding_window=8),
+        KVGroup("mla_attention", 4),
+    ),
+    # Qwen3-Next: Mamba (gated delta net) beside full attention, in align mode.
+    "Mamba align + full": (
+        KVGroup("mamba", 8, mamba_cache_mode="align"),
+        KVGroup("full_attention", 4),
+    ),
+}
+COORDINATORS = {
+    # vLLM's get_kv_cache_coordinator: without prefix caching one that caches nothing;
+    # with it, the unitary coordinator for one group, the hybrid one for several.
+    (False, False): "KVCacheCoordinatorNoPrefixCache",
+    (False, True): "KVCacheCoordinatorNoPrefixCache",
+    (True, False): "UnitaryKVCacheCoordinator",
+    (True, True): "HybridKVCacheCoordinator",
+}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("caching", [False, True], ids=["no-caching", "caching"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_vllm_schedules_on_each_family_layout(
+    family: str, caching: bool, async_scheduling: bool, profile: str
+) -> None:
+    """vLLM's scheduler, sync and async, caching on and off, builds on each family's
+    groups with vLLM's own coordinator, and its first step schedules every prompt's
+    first chunk within the groups' shared pool."""
+    from dualbudget.integration.live import LiveScheduler
+
+    groups = FAMILIES[family]
+    config = EngineConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=4,
+        num_gpu_blocks=80,
+        speculative_config=SpeculativeConfig("eagle3", 2),
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=caching,
+        kv_groups=groups,
+    )
+    live = LiveScheduler(config)
+    coordinator = live.scheduler.kv_cache_manager.coordinator
+    assert type(coordinator).__name__ == COORDINATORS[caching, len(groups) > 1]
+    assert len(coordinator.single_type_managers) == len(groups)
+    for index in range(3):
+        live.handle(AddRequest(f"r{index}", 20, 4))
+    record = live.handle(ScheduleStep())
+    assert record is not None and record.num_scheduled_tokens.get("r0", 0) > 0
+    assert sum(record.num_scheduled_tokens.values()) <= config.max_num_batched_tokens
+    # A token sampled where the prompt is done (Mamba's align split may stop short of it).
+    live.handle(ModelOutput({rid: int(n == 20) for rid, n in record.num_scheduled_tokens.items()}))
+    assert live.handle(ScheduleStep()) is not None
+
+
+def test_a_layout_vllm_refuses_is_unsupported_with_its_reason(profile: str) -> None:
+    """Mamba outside align mode with prefix caching: both releases refuse it (0.32 by its
+    hash block size, 0.33 by name), and the adapter passes vLLM's reason on."""
+    from dualbudget.integration.live import LiveScheduler, Unsupported
+
+    config = EngineConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=4,
+        num_gpu_blocks=80,
+        speculative_config=SpeculativeConfig("ngram", 2),
+        enable_prefix_caching=True,
+        kv_groups=(KVGroup("mamba", 8), KVGroup("full_attention", 4)),
+    )
+    with pytest.raises(Unsupported) as refused:
+        LiveScheduler(config)
+    assert "hash_block_size" in refused.value.reason or "align" in refused.value.reason
+
+
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+def test_every_method_builds_the_hybrid_aims_layouts(layout: str, profile: str) -> None:
+    """What the hybrid coverage rows' ``reached`` claims (``coverage.COVERAGE``): vLLM
+    builds every layout the hybrid aim draws with every method of the table, and steps."""
+    from dualbudget.integration.live import LiveScheduler
+
+    for shapes in AIMS["hybrid"].configs.kv_layouts:
+        config = EngineConfig(
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            max_model_len=64,
+            block_size=4,
+            num_gpu_blocks=80,
+            speculative_config=SpeculativeConfig.for_layout(layout_named(layout), 2),
+            kv_groups=tuple(shape.at(4) for shape in shapes),
+        )
+        live = LiveScheduler(config)
+        live.handle(AddRequest("r0", 9, 4))
+        record = live.handle(ScheduleStep())
+        assert record is not None and record.num_scheduled_tokens["r0"] > 0, shapes
+
+
+def _window_one_token_longer(self: SlidingWindowManager, num_computed_tokens: int) -> int:
+    return max(0, num_computed_tokens - self.sliding_window)
+
+
+def test_a_planted_sliding_window_difference_is_found_by_the_fuzz(
+    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference's sliding-window group keeping one token more than vLLM's (so a block
+    leaves the window a token late): a small seeded fuzz of the hybrid aim finds it, where
+    the same fuzz without it agrees."""
+    from dualbudget.fuzz_cli import known_findings
+    from dualbudget.integration import fuzz
+    from dualbudget.integration.live import require_vllm
+
+    # Only the hybrid aim (mixed, of weight 0, takes the one example left over).
+    monkeypatch.setattr(fuzz, "AIMS", {name: AIMS[name] for name in ("mixed", "hybrid")})
+
+    def run(out: str) -> list[object]:
+        result = fuzz.run_fuzz(
+            profile=profile,
+            vllm_version=require_vllm(),
+            examples=20,
+            seed=1,
+            out_dir=tmp_path / out,
+            known_findings=known_findings(),
+            layouts=["eagle"],
+        )
+        return list(result.divergences)
+
+    assert not run("control"), "the same fuzz without the planted difference must agree"
+    monkeypatch.setattr(SlidingWindowManager, "num_skipped_tokens", _window_one_token_longer)
+    divergences = run("planted")
+    assert divergences, "the planted sliding-window difference went unnoticed"
+    found = divergences[0]
+    assert isinstance(found, Divergence) and found.scenario_path is not None
+    assert load_scenario(found.scenario_path).config.kv_groups

@@ -1,0 +1,174 @@
+"""Property tests of the hybrid coordinator over random group layouts and workloads.
+
+Layouts shaped like the families served with speculative decoding (sliding window beside
+full attention, chunked local attention, Mamba in each ``mamba_cache_mode`` beside full
+attention, MLA and sliding-window MLA), on a pool large enough for any one request: every
+run ends (no stall), C1-C3 hold at every step (the scheduler runs in ``raise`` mode), the
+pool never goes below empty and every block lent is held by one request in one group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dualbudget.reference.driver import ScenarioRun, drive
+from dualbudget.reference.events import Event, StepRecord
+from dualbudget.reference.kv import cdiv
+from dualbudget.reference.scenario import Scenario, parse_scenario
+from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
+from dualbudget.reference.state import SchedulerState
+from dualbudget.spec.config import SpeculativeConfig, runs_async
+from dualbudget.spec.methods import layout_named
+from dualbudget.spec.profiles import profile_named
+
+MAX_STEPS = 3000
+SETTINGS = settings(
+    max_examples=40,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+METHODS = (None, "ngram", "eagle", "dflash")
+
+
+FAMILIES = ("swa", "chunked", "mamba", "mamba-align", "mla", "swa-mla")
+
+
+def _layout(draw: st.DrawFn, family: str, block_size: int) -> list[dict[str, Any]]:
+    """A family's groups, in vLLM's spec kinds."""
+    full: dict[str, Any] = {"kind": "full_attention", "block_size": block_size}
+    window = draw(st.integers(1, 24))
+    if family == "swa":
+        return [
+            {"kind": "sliding_window", "block_size": block_size, "sliding_window": window},
+            full,
+        ]
+    if family == "chunked":
+        chunk = {"kind": "chunked_local_attention", "block_size": block_size}
+        return [{**chunk, "attention_chunk_size": window}, full]
+    if family == "mamba":
+        size = draw(st.sampled_from([block_size, 64]))
+        return [{"kind": "mamba", "block_size": size}, full]
+    if family == "mamba-align":
+        return [{"kind": "mamba", "block_size": block_size, "mamba_cache_mode": "align"}, full]
+    mla: dict[str, Any] = {"kind": "mla_attention", "block_size": block_size}
+    if family == "mla":
+        return [mla]
+    swa_mla = {"kind": "sliding_window_mla", "block_size": block_size, "sliding_window": window}
+    return [swa_mla, mla]
+
+
+def _runs_async(profile: str, method: str | None, k: int) -> bool:
+    if method is None:
+        return True
+    spec = SpeculativeConfig.for_layout(layout_named(method), k)
+    return runs_async(spec, profile_named(profile).release)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> Scenario:
+    profile = draw(st.sampled_from(["vllm-0.32", "vllm-0.33"]))
+    method = draw(st.sampled_from(METHODS))
+    k = draw(st.integers(1, 3)) if method is not None else 0
+    block_size = draw(st.sampled_from([2, 4, 8]))
+    max_model_len = draw(st.integers(8, 64))
+    groups = _layout(draw, draw(st.sampled_from(families)), block_size)
+    # Room for any one request in every group: its tokens, drafts and lookahead, and a
+    # Mamba group's speculative blocks.
+    per_request = sum(
+        cdiv(max_model_len + 2 * k + 2, group["block_size"]) + k + 1 for group in groups
+    )
+    cfg: dict[str, Any] = {
+        "max_num_batched_tokens": draw(st.integers(16, 48)),
+        "max_num_seqs": draw(st.integers(1, 4)),
+        "max_model_len": max_model_len,
+        "block_size": block_size,
+        "num_gpu_blocks": per_request + 1 + draw(st.integers(0, 3) | st.integers(0, 60)),
+        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 0, 5])),
+        "async_scheduling": draw(st.booleans()) and _runs_async(profile, method, k),
+        "kv_groups": groups,
+    }
+    if method is not None:
+        spec = SpeculativeConfig.for_layout(layout_named(method), k)
+        cfg["speculative_config"] = {
+            "method": spec.method,
+            "num_speculative_tokens": k,
+            "parallel_drafting": spec.parallel_drafting,
+        }
+    requests = [
+        {
+            "id": f"r{i}",
+            "prompt_len": draw(st.integers(2, max_model_len - 1)),
+            "max_tokens": draw(st.integers(1, 16)),
+            "arrival_step": draw(st.integers(0, 4)),
+        }
+        for i in range(draw(st.integers(1, 6)))
+    ]
+    obj: dict[str, Any] = {"profile": profile, "config": cfg, "requests": requests}
+    if k:
+        obj["acceptance"] = {"fixed": draw(st.integers(0, k))}
+    return parse_scenario(obj)
+
+
+class Checked:
+    """The reference, its pool checked after every event."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    @property
+    def state(self) -> SchedulerState:
+        return self.scheduler.state
+
+    def handle(self, event: Event) -> StepRecord | None:
+        record = self.scheduler.handle(event)
+        state = self.scheduler.state
+        assert state.free_blocks >= 0
+        held = 0
+        for request in state.requests.values():
+            if request.kv_groups:  # one MLA group runs on the single-group manager
+                assert sum(group.num_blocks for group in request.kv_groups) == request.num_blocks
+            held += request.num_blocks
+        assert state.free_blocks + held == self.scheduler.config.num_gpu_blocks - 1
+        return record
+
+
+@SETTINGS
+@given(scenarios())
+def test_hybrid_runs_end_and_every_block_is_accounted_for(scenario: Scenario) -> None:
+    run = ScenarioRun(scenario, max_steps=MAX_STEPS)
+    steps = sum(1 for _ in drive(run.driver, Checked(run.scheduler)))
+    assert run.stall is None, run.stall
+    assert steps < MAX_STEPS
+    for request in run.scheduler.state.requests.values():
+        assert request.finished
+        assert request.num_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("families", "events"),
+    [
+        (("swa", "chunked", "swa-mla"), {"window_blocks_freed"}),
+        (("mamba-align",), {"mamba_aligned_split"}),
+    ],
+)
+def test_the_random_layouts_reach_the_kv_group_events(
+    families: tuple[str, ...], events: set[str]
+) -> None:
+    reached: set[str] = set()
+
+    @settings(SETTINGS, max_examples=15)
+    @given(scenarios(families))
+    def collect(scenario: Scenario) -> None:
+        run = ScenarioRun(scenario, max_steps=MAX_STEPS)
+        for _ in drive(run.driver, run.scheduler):
+            pass
+        reached.update(name for name in KV_GROUP_OBSERVED if run.scheduler.observed[name])
+
+    collect()
+    assert reached >= events

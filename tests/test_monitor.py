@@ -1,0 +1,248 @@
+"""The contract monitor without vLLM: each check fires on a hand-made violating step and
+not on a good one, and a monitor told a wrong C(q) reports a violation (so it can fail).
+The steps are what ``integration.monitor.step_seen`` reads off vLLM (``StepSeen``);
+``step_seen`` itself is run on a stand-in of vLLM's scheduler holding the fields it
+reads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dualbudget.integration.monitor import (
+    MONITORED,
+    Monitor,
+    StepSeen,
+    Wanted,
+    readable,
+    step_seen,
+    wanted_before,
+)
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.contract import CONTRACT_IDS
+from dualbudget.spec.methods import layout_named
+
+K = 2
+
+
+def config(layout: str = "dspark-fill-in", **fields: Any) -> EngineConfig:
+    base = EngineConfig(
+        max_num_batched_tokens=16,
+        max_num_seqs=8,
+        max_model_len=256,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig.for_layout(layout_named(layout), K),
+    )
+    return replace(base, **fields)
+
+
+def decoding(computed: int = 8, spec: int = K, placeholders: int = 0) -> Wanted:
+    """A running request that wants ``1 + spec`` tokens."""
+    return Wanted(computed + 1 + spec, placeholders, computed, running=True, blocks_held=1)
+
+
+def waiting(prompt: int, first: bool = True) -> Wanted:
+    return Wanted(prompt, 0, 0, running=False, blocks_held=0, first_waiting=first)
+
+
+def seen(
+    scheduled: dict[str, int],
+    wanted: dict[str, Wanted],
+    *,
+    free_blocks: int | None = 32,
+    preempted: tuple[str, ...] = (),
+    single_group: bool = True,
+) -> StepSeen:
+    return StepSeen(
+        step=3,
+        scheduled=scheduled,
+        preempted=preempted,
+        wanted=wanted,
+        free_blocks=free_blocks,
+        num_running=sum(w.running for w in wanted.values()),
+        single_group=single_group,
+    )
+
+
+def contracts(monitor: Monitor, step: StepSeen) -> list[str]:
+    return [v.contract for v in monitor.judge(step)]
+
+
+def test_the_monitor_checks_contract_items() -> None:
+    assert set(MONITORED) <= set(CONTRACT_IDS)
+
+
+# -- C3 ------------------------------------------------------------------------------------
+def test_c3_holds_on_a_step_within_the_buffer() -> None:
+    # DSpark fill-in: C(q) = K + 1 = 3 per request; 4 decodes: T = 12, D = 12 <= B = 16.
+    step = seen({str(i): 1 + K for i in range(4)}, {str(i): decoding() for i in range(4)})
+    assert contracts(Monitor(config()), step) == []
+
+
+def test_c3_fires_on_draft_rows_over_the_buffer() -> None:
+    # Six one-token prefill chunks: T = 6, but D = 6 * (K + 1) = 18 > B = 16.
+    wanted = {str(i): waiting(1) for i in range(6)}
+    step = seen(dict.fromkeys(wanted, 1), wanted)
+    monitor = Monitor(config())
+    found = monitor.judge(step)
+    assert [v.contract for v in found] == ["C3"]
+    assert "D=18" in found[0].message and monitor.violations == found
+
+
+def test_c3_fires_on_target_rows_over_the_cap() -> None:
+    wanted = {"a": waiting(20)}
+    step = seen({"a": 12}, wanted)
+    assert "C3" in contracts(Monitor(config(max_num_scheduled_tokens=10)), step)
+    assert "C3" not in contracts(Monitor(config()), step)
+
+
+def test_a_monitor_told_a_wrong_c_of_q_reports_a_violation() -> None:
+    step = seen({str(i): 1 + K for i in range(4)}, {str(i): decoding() for i in range(4)})
+    assert contracts(Monitor(config()), step) == []
+    wrong = Monitor(config(), draft_rows=lambda q: q + 3)  # 4 * (3 + 3) = 24 > 16
+    assert contracts(wrong, step) == ["C3"]
+
+
+# -- C4 ------------------------------------------------------------------------------------
+def test_c4_fires_on_an_empty_step_while_a_waiting_request_fits_the_pool() -> None:
+    monitor = Monitor(config())
+    found = monitor.judge(seen({}, {"a": waiting(5)}, free_blocks=4))
+    assert [v.contract for v in found] == ["C4"]
+    assert "waiting request a" in found[0].message
+
+
+def test_c4_fires_on_an_empty_step_while_a_running_request_fits_its_blocks() -> None:
+    assert contracts(Monitor(config()), seen({}, {"a": decoding()}, free_blocks=0)) == ["C4"]
+
+
+def test_c4_is_not_judged_where_vllm_could_not_run_anything() -> None:
+    monitor = Monitor(config(), num_lookahead_tokens=K)
+    # No free block for a waiting request (it needs one), none for the running one's
+    # next token past its block: an empty step is right.
+    assert contracts(monitor, seen({}, {"a": waiting(5)}, free_blocks=0)) == []
+    assert contracts(monitor, seen({}, {"a": decoding(computed=15)}, free_blocks=0)) == []
+    # Output in flight (async scheduling), a step that preempted, an unreadable pool.
+    assert contracts(monitor, seen({}, {"a": decoding(placeholders=1)})) == []
+    assert contracts(monitor, seen({}, {"a": waiting(5)}, preempted=("b",))) == []
+    assert contracts(monitor, seen({}, {"a": waiting(5)}, free_blocks=None)) == []
+    # A waiting request while max_num_seqs run.
+    full = {str(i): decoding(placeholders=1) for i in range(8)} | {"w": waiting(5)}
+    assert contracts(monitor, seen({}, full)) == []
+    # Async scheduling, the last step's output still in flight; judged once it came.
+    async_monitor = Monitor(config(async_scheduling=True))
+    assert "C4" not in contracts(async_monitor, seen({"a": 1}, {"a": waiting(5)}))
+    assert contracts(async_monitor, seen({}, {"a": waiting(5)})) == []
+    assert contracts(async_monitor, seen({}, {"a": waiting(5)})) == ["C4"]
+    # Chunked prefill off: a prompt longer than the step's cap never runs; nor does a
+    # request on a config where one token breaks a hard limit (B below C(1)).
+    assert (
+        contracts(Monitor(config(enable_chunked_prefill=False)), seen({}, {"a": waiting(17)})) == []
+    )
+    assert contracts(
+        Monitor(config(enable_chunked_prefill=False)), seen({}, {"a": waiting(5)})
+    ) == ["C4"]
+    assert contracts(Monitor(config(max_num_batched_tokens=2)), seen({}, {"a": waiting(1)})) == []
+    # A waiting request behind the queue's first: vLLM's loop stops at the first.
+    behind = {"a": waiting(17), "b": waiting(5, first=False)}
+    assert contracts(Monitor(config(enable_chunked_prefill=False)), seen({}, behind)) == []
+    # A step that schedules something is progress.
+    assert "C4" not in contracts(monitor, seen({"a": 1}, {"a": waiting(5)}))
+
+
+# -- C5 ------------------------------------------------------------------------------------
+def test_c5_fires_on_a_request_cut_though_one_more_token_fits() -> None:
+    # A 12-token prompt alone, granted 4: T = 5 and D = 3 + 3 = 6 would fit B = 16.
+    found = Monitor(config()).judge(seen({"a": 4}, {"a": waiting(12)}))
+    assert [v.contract for v in found] == ["C5"]
+    assert "granted 4 of the 12" in found[0].message
+
+
+def test_c5_holds_where_one_more_token_breaks_a_hard_limit() -> None:
+    monitor = Monitor(config())
+    # T = 16 = B: one more token breaks C3.
+    assert contracts(monitor, seen({"a": 16}, {"a": waiting(40)})) == []
+    # Four fill-in requests: D = 4 * 3 + 3 = 15 <= 16 but one more row of a fifth would
+    # not; for a request already scheduled, D stays (C(q) is K + 1 for every q) and T
+    # grows: 13 + 1 <= 16 fits, so a cut request of those four fires.
+    wanted = {str(i): waiting(10) for i in range(4)}
+    assert contracts(monitor, seen({"0": 10, "1": 1, "2": 1, "3": 1}, wanted)) == ["C5"] * 3
+    # Granted all it wanted.
+    assert contracts(monitor, seen({"a": 1 + K}, {"a": decoding()})) == []
+
+
+def test_c5_is_not_judged_where_the_cut_is_not_the_budgets() -> None:
+    # A cut at the long-prefill threshold, on a KV cache of several groups, in a step
+    # that preempted, or near max_model_len (its margin is 1 or 1 + K by release).
+    wanted = {"a": waiting(12)}
+    assert contracts(Monitor(config(long_prefill_token_threshold=4)), seen({"a": 4}, wanted)) == []
+    assert contracts(Monitor(config()), seen({"a": 4}, wanted, single_group=False)) == []
+    # A step that preempted: the victim's refund came after the cut.
+    assert contracts(Monitor(config()), seen({"a": 4}, wanted, preempted=("b",))) == []
+    near = {"a": decoding(computed=256 - 1 - K - 1)}
+    assert contracts(Monitor(config()), seen({"a": 1}, near)) == []
+
+
+# -- reading vLLM ----------------------------------------------------------------------------
+def _request(rid: str, computed: int, with_spec: int, finished: bool = False) -> Any:
+    return SimpleNamespace(
+        request_id=rid,
+        num_computed_tokens=computed,
+        num_tokens_with_spec=with_spec,
+        num_output_placeholders=0,
+        is_finished=lambda: finished,
+    )
+
+
+def test_step_seen_reads_what_each_request_wanted_before_the_step() -> None:
+    running, new, done = _request("r", 8, 11), _request("w", 0, 12), _request("f", 3, 3, True)
+    blocks = {"r": ([1],)}
+    scheduler = SimpleNamespace(
+        running=[running],
+        waiting=[new],
+        requests={"r": running, "w": new, "f": done},
+        kv_cache_manager=SimpleNamespace(
+            get_block_ids=lambda rid: blocks.get(rid, ([],)),
+            block_pool=SimpleNamespace(get_num_free_blocks=lambda: 5),
+        ),
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[object()]),
+    )
+    assert readable(scheduler) and not readable(SimpleNamespace(requests={}))
+    before = wanted_before(scheduler)
+    assert set(before) == {"r", "w"}
+    assert before["r"] == Wanted(11, 0, 8, running=True, blocks_held=1)
+    assert before["w"].first_waiting and not before["r"].first_waiting
+    # vLLM's schedule(): "w" hit 4 cached tokens and was granted 4 more, "r" its 3.
+    new.num_computed_tokens, running.num_computed_tokens = 8, 11
+    step = step_seen(scheduler, 0, {"r": 3, "w": 4}, [], before)
+    assert step.wanted["w"].num_computed_tokens == 4
+    assert step.wanted["r"].num_computed_tokens == 8
+    assert (step.free_blocks, step.num_running, step.single_group) == (5, 1, True)
+    found = Monitor(config()).judge(step)
+    assert [v.contract for v in found] == ["C5"]  # "w" wanted 8, got 4: T = 7, D = 6
+
+
+# -- the fallback -------------------------------------------------------------------------
+def test_no_matching_profile_falls_back_to_the_monitor_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dualbudget.integration import commands, detect
+
+    unknown = detect.Detection(profile=None, vllm_version="0.34.0.dev7", how="decisions")
+    monkeypatch.setattr(detect, "detect", lambda: unknown)
+    options = commands.FuzzOptions(known_findings=frozenset({("vllm-0.33", "eagle", "C5")}))
+    profile, how, known = commands.fuzz_profile(options, "0.34.0.dev7")
+    # The newest release's configs, no finding of the manifest's taken as this one's.
+    assert (profile, how, known) == ("vllm-0.33", commands.MONITOR_ALONE, frozenset())
+    out = capsys.readouterr().out
+    assert "no profile matches its decisions" in out and "--monitor-only" in out
+    # A given profile is kept, with its known findings.
+    given = replace(options, profile="vllm-0.32")
+    assert commands.fuzz_profile(given, "0.34.0.dev7") == (
+        "vllm-0.32",
+        "--profile",
+        options.known_findings,
+    )

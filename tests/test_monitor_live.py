@@ -1,0 +1,128 @@
+"""The contract monitor on the live vLLM scheduler (needs vLLM; see
+docs/vllm-environments.md): it flags DSpark fill-in's C3 overflow where the installed
+release's record (the manifest's findings of its profile) says vLLM overflows, and
+asserts the overflow does not occur where it says not; a small seeded fuzz of the
+installed scheduler shows no violation outside the manifest's findings but stalls the
+reference confirms; and
+``--monitor-only`` runs the fuzz with no reference and reports, its scenario files
+replaying what it found."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dualbudget.fuzz_cli import known_findings
+from dualbudget.integration.commands import FuzzOptions, replay_scenario, run_fuzz_stage
+from dualbudget.integration.fuzz import run_fuzz
+from dualbudget.integration.lockstep import run_in_lockstep
+from dualbudget.integration.monitor import MONITORED, MonitorViolation
+from dualbudget.integration.monitor_run import run_alone
+from dualbudget.integration.testing import live_profile_name, require_live_vllm
+from dualbudget.proofs.manifest import expected_findings
+from dualbudget.reference.driver import ScenarioRun
+from dualbudget.reference.scenario import load_scenario
+from tests.test_reference_findings import fill_in_scenario
+
+pytestmark = pytest.mark.live
+
+FILL_IN_C3 = "dspark-fill-in", "C3"
+
+
+@pytest.fixture(scope="module")
+def profile() -> str:
+    return live_profile_name()
+
+
+def overflows(profile: str) -> bool:
+    """The installed release's record: does its profile's manifest list the overflow?"""
+    return (profile, *FILL_IN_C3) in expected_findings()
+
+
+def test_the_monitor_flags_the_fill_in_overflow_where_the_release_has_it(profile: str) -> None:
+    # Five 2-token prompts, B = 20, K = 4 (tests/test_reference_findings.py): under 0.32
+    # the second step schedules five requests, D = 5 * (K + 1) = 25 > B.
+    scenario = fill_in_scenario(profile, 2)
+    beside: list[MonitorViolation] = []
+    steps, divergence = run_in_lockstep(scenario, monitored=beside)
+    assert divergence is None and steps > 1
+    alone_steps, alone, crash = run_alone(scenario)
+    assert crash is None and alone_steps == steps
+    # Beside the reference or alone, the monitor's opinion is the same: it reads vLLM only.
+    assert alone == beside
+    c3 = [v for v in alone if v.contract == "C3"]
+    if overflows(profile):
+        assert c3, f"{profile}: the monitor missed the known C3 overflow"
+        assert (c3[0].step, "D=25" in c3[0].message) == (1, True)
+    else:
+        assert c3 == [], f"{profile}: an overflow its record says it does not have: {c3}"
+
+
+def test_a_seeded_fuzz_shows_no_violation_outside_the_findings(
+    profile: str, tmp_path: Path
+) -> None:
+    require_live_vllm()
+    result = run_fuzz(
+        profile=profile,
+        vllm_version=require_live_vllm(),
+        examples=90,
+        seed=1,
+        out_dir=tmp_path,
+        known_findings=known_findings(),
+        # Three methods, enough examples that every aim runs past Hypothesis' simplest.
+        layouts=("ngram-parallel", "eagle", "dspark-fill-in"),
+    )
+    # Divergences are the lockstep's to judge (tests/test_live_lockstep.py): here, the
+    # monitor's opinion of every step run.
+    assert result.steps > 500
+    assert set(result.monitor_counts) <= set(MONITORED)
+    # Outside the manifest's findings, only an empty step the reference stalls on too
+    # (its own C4 check, on the scenario the monitor wrote): a stall of vLLM's that the
+    # proofs' model of a step does not reach (e.g. vLLM 0.32 holding back a full prefix
+    # hit it would have to pad to 1 + K > max_num_scheduled_tokens).
+    for finding in result.unknown_monitor_findings:
+        assert finding.contract == "C4", finding.to_json()
+        run = ScenarioRun(load_scenario(finding.scenario_path), check="collect")
+        for _ in run.steps():
+            pass
+        assert run.stall is not None and run.stall.step == finding.step, finding.to_json()
+    for finding in result.monitor_findings:
+        assert finding.manifest_key == ("/".join(finding.key) if finding.known else None)
+        assert Path(finding.scenario_path).name.startswith(f"monitor-{finding.contract}-")
+
+
+def test_monitor_only_fuzzes_with_no_reference_and_reports(
+    profile: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "fuzz.json"
+    options = FuzzOptions(
+        known_findings=known_findings(),
+        examples=9,
+        seed=1,
+        jobs=1,
+        profile=profile,
+        monitor_only=True,
+        layouts=("dspark-fill-in",),
+        json_path=report,
+        out_dir=tmp_path,
+    )
+    assert run_fuzz_stage(options) == 0
+    out = json.loads(report.read_text())
+    monitor = out["monitor"]
+    assert monitor["alone"] is True and monitor["new"] == 0
+    assert out["divergences"] == [] and out["steps"] > 0
+    assert set(monitor["counts"]) == set(MONITORED)
+    printed = capsys.readouterr().out
+    assert "contract monitor alone" in printed
+    assert "PASS: the contract monitor found no violation" in printed
+    found = [v for v in monitor["violations"] if (v["layout"], v["contract"]) == FILL_IN_C3]
+    assert bool(found) == (overflows(profile) and monitor["counts"]["C3"] > 0)
+    for violation in found:
+        # The violation's scenario replays it: alone (a failure) and in lockstep (no
+        # divergence, the monitor's opinion printed beside).
+        assert violation["finding"] == f"{profile}/dspark-fill-in/C3"
+        assert replay_scenario(violation["scenario_path"], monitor_only=True) == 1
+        assert replay_scenario(violation["scenario_path"]) == 0
+        assert "monitor: C3" in capsys.readouterr().out

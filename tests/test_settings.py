@@ -1,0 +1,148 @@
+"""Every setting of the one table (``reference/settings.py``) is loud: a trace that holds
+it at a value the reference does not replay is refused by name, one line and exit 2, by
+``replay`` and by ``simulate --trace`` alike; a trace written before the table gained a
+row reads it at vLLM's default; ``dualbudget settings --json`` lists every row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualbudget import TRACES
+from dualbudget.cli import main
+from dualbudget.reference.replay import check_settings
+from dualbudget.reference.settings import SETTING_NAMES, SETTINGS, Setting
+from dualbudget.reference.trace import TraceError, read_trace
+from dualbudget.spec.profiles import profile_named, release_profile
+from dualbudget.spec.releases import RELEASE_VERSIONS, RELEASES, Release
+
+BASE = TRACES / "engine-draft-model-k3-prefix.ndjson"
+"""vLLM 0.32, draft model K = 3, prefix caching on: a trace written before the table
+gained its optional rows."""
+
+OTHER_VALUE: dict[str, Any] = {
+    "enable_prefix_caching": False,
+    "max_num_active_seqs": 3,
+    "watermark": 0.01,
+    "scheduler_reserve_full_isl": False,
+    "long_prefill_token_threshold_adaptive": True,
+    "prefill_schedule_interval": 2,
+    "num_speculative_tokens_per_batch_size": [[1, 8, 2]],
+    "num_nextn_predict_layers": 3,
+    "disable_eagle_block_drop": True,
+    "disable_lookahead_block_hashes": True,
+    "kv_cache_groups": ["FullAttentionSpec", "SlidingWindowSpec"],
+    "enable_lora": True,
+    "kv_connector": "OffloadingConnector",
+    "pipeline_parallel_size": 2,
+    "decode_context_parallel_size": 2,
+    "disable_chunked_mm_input": True,
+    "enable_return_routed_experts": True,
+    "structured_outputs": True,
+    "skip_reading_prefix_cache": True,
+    "mm_encoder_inputs": True,
+    "repetition_detection": True,
+}
+"""A value other than vLLM's default for every row; for a row not modelled, one the
+reference does not replay on ``BASE``."""
+
+
+CAPPING = next(r for r in RELEASES.values() if r.caps_hits_for_routed_experts)
+UNCAPPING = next(r for r in RELEASES.values() if not r.caps_hits_for_routed_experts)
+RECORDED_BY: dict[str, Release] = {"enable_return_routed_experts": CAPPING}
+"""Rows whose refusal depends on the release: the one ``BASE`` is relabelled as."""
+
+
+def with_setting(tmp_path: Path, setting: Setting, value: Any) -> str:
+    """``BASE`` with ``setting`` at ``value``: in the header, or on the first request (and
+    from the release ``RECORDED_BY`` names, if any)."""
+    lines = BASE.read_text().splitlines()
+    header = json.loads(lines[0])
+    if setting.name in RECORDED_BY:
+        header["vllm_version"] = f"{RECORDED_BY[setting.name].version}.0"
+    if setting.scope == "engine":
+        header["settings"][setting.name] = value
+    else:
+        first = next(i for i, line in enumerate(lines) if '"add_request"' in line)
+        request = json.loads(lines[first])
+        request["settings"] = {setting.name: value}
+        lines[first] = json.dumps(request)
+    path = tmp_path / "t.ndjson"
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    return str(path)
+
+
+def test_every_row_has_a_case() -> None:
+    assert set(OTHER_VALUE) == set(SETTING_NAMES)
+    assert all(OTHER_VALUE[s.name] != s.default for s in SETTINGS)
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if not s.modelled], ids=lambda s: s.name)
+def test_replay_and_simulate_refuse_it_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: Setting
+) -> None:
+    path = with_setting(tmp_path, setting, OTHER_VALUE[setting.name])
+    named = f"recorded with {setting.name} = {json.dumps(OTHER_VALUE[setting.name])}"
+    for argv in (["replay", path], ["simulate", "--trace", path, "--quiet"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and named in err and "does not model" in err, err
+
+
+def test_routed_experts_replay_where_the_release_caps_no_hit(tmp_path: Path) -> None:
+    (setting,) = [s for s in SETTINGS if s.name == "enable_return_routed_experts"]
+    lines = with_setting(tmp_path, setting, True)
+    trace = read_trace(lines)
+    check_settings(trace, release_profile(UNCAPPING))
+    with pytest.raises(TraceError, match="enable_return_routed_experts = true"):
+        check_settings(trace, release_profile(CAPPING))
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.modelled], ids=lambda s: s.name)
+def test_a_modelled_row_replays_every_value(tmp_path: Path, setting: Setting) -> None:
+    for value in (setting.default, OTHER_VALUE[setting.name]):
+        trace = read_trace(with_setting(tmp_path, setting, value))
+        check_settings(trace, profile_named("vllm-0.32"))
+
+
+def test_a_trace_older_than_a_row_reads_it_at_vllms_default() -> None:
+    header = json.loads(BASE.read_text().splitlines()[0])
+    optional = [s for s in SETTINGS if s.optional]
+    assert optional and not any(s.name in header["settings"] for s in optional)
+    settings = read_trace(BASE).header.settings
+    assert all(settings[s.name] == s.default for s in optional)
+
+
+def test_settings_json_lists_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["settings", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    rows = {row["name"]: row for row in document["settings"]}
+    assert list(rows) == list(SETTING_NAMES)
+    for setting in SETTINGS:
+        row = rows[setting.name]
+        assert row["status"] == setting.status in ("modelled", "refused", "partly")
+        assert set(row["releases"]) == set(RELEASE_VERSIONS)
+        for release in RELEASE_VERSIONS:
+            assert row["releases"][release]["default"] == setting.default
+            assert row["releases"][release]["home"] == setting.home_in(release)
+    assert rows["disable_lookahead_block_hashes"]["releases"]["0.32"]["home"] is None
+
+
+def test_settings_text_names_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    for setting in SETTINGS:
+        assert f"{setting.name} ({setting.scope}): {setting.status}" in out
+
+
+def test_ngram_gpu_takes_the_ngram_row_and_runs_async_in_both_releases() -> None:
+    from dualbudget.spec.config import SpeculativeConfig, runs_async
+    from dualbudget.spec.methods import layout_for
+    from dualbudget.spec.releases import RELEASES
+
+    assert layout_for("ngram_gpu", False, None).name == "ngram"
+    spec = SpeculativeConfig("ngram_gpu", 3)
+    assert all(runs_async(spec, release) for release in RELEASES.values())
