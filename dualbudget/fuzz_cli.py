@@ -37,18 +37,20 @@ step: their failures are no known finding of a live step (a refused config is vo
 
 def known_findings() -> frozenset[FindingKey]:
     """(profile, layout, contract) of every expected failure of the proofs that a live
-    step's checks see: a fuzz that meets one reports it as known and goes on."""
-    from dualbudget.proofs.manifest import load_manifest
+    step's checks see, and every break the manifest records outside the spec's model: a
+    fuzz that meets one reports it as known and goes on."""
+    from dualbudget.proofs.manifest import load_manifest, outside_model_findings
     from dualbudget.proofs.obligations import catalog
 
     checked, manifest = step_checked(), load_manifest()
-    return frozenset(
+    proven = frozenset(
         (ob.profile, ob.layout, ob.contract)
         for ob in catalog()
         if ob.contract in checked
         and ob.check not in OF_THE_CONFIG
         and manifest.expected(ob.name) == "fails"
     )
+    return proven | outside_model_findings()
 
 
 def check_scheduler_cls(path: str | None) -> None:

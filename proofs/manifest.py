@@ -1,10 +1,16 @@
 """The manifest: the verdict expected of every obligation, and why for each failure.
 
-``proofs/manifest.toml`` has two tables. ``[expected]`` maps every obligation name
-(``profile/layout/check``) to ``"holds"`` or ``"fails"``; ``[why]`` gives one line for
-each expected failure: the finding about the policy. ``dualbudget prove`` fails when a
-verdict differs from it (a new failure and an unexpected pass alike), when an
-obligation has no entry, and when an entry names no obligation.
+``proofs/manifest.toml`` has two tables of proof verdicts. ``[expected]`` maps every
+obligation name (``profile/layout/check``) to ``"holds"`` or ``"fails"``; ``[why]`` gives
+one line for each expected failure: the finding about the policy. ``dualbudget prove``
+fails when a verdict differs from it (a new failure and an unexpected pass alike), when
+an obligation has no entry, and when an entry names no obligation.
+
+``[outside_model]`` holds what the proofs cannot say: breaks of a contract item seen on
+live vLLM steps (by the reference and the contract monitor alike) that come from
+behaviour the spec does not model, keyed ``profile/layout/contract item``, each with why
+and which behaviour the proofs leave out. A proof verdict of ``holds`` on the same key
+is true of the spec's model and not of vLLM; the fuzz reports such a break as known.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ VERDICTS = ("holds", "fails")
 class Manifest:
     entries: Mapping[str, str]
     why: Mapping[str, str]
+    outside_model: Mapping[str, str]
 
     def expected(self, name: str) -> str:
         return self.entries.get(name, "missing")
@@ -49,6 +56,10 @@ class Manifest:
         for name in self.why:
             if self.entries.get(name) != "fails":
                 found.append(f"{name}: a why for an obligation not expected to fail")
+        for key, why in self.outside_model.items():
+            parts = key.split("/")
+            if len(parts) != 3 or parts[2] not in CONTRACT_IDS or not why.strip():
+                found.append(f"[outside_model] {key}: not profile/layout/item with a why")
         return found
 
 
@@ -59,7 +70,7 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
         raise BadInput(f"manifest {str(path)!r}: {err}") from None
     expected = data.get("expected", {})
     why = data.get("why", {})
-    return Manifest(dict(expected), dict(why))
+    return Manifest(dict(expected), dict(why), dict(data.get("outside_model", {})))
 
 
 def expected_findings() -> frozenset[tuple[str, str, str]]:
@@ -73,3 +84,10 @@ def expected_findings() -> frozenset[tuple[str, str, str]]:
         for ob in catalog()
         if manifest.expected(ob.name) == "fails" and ob.contract in CONTRACT_IDS
     )
+
+
+def outside_model_findings() -> frozenset[tuple[str, str, str]]:
+    """``(profile, layout, contract item)`` of every break seen live outside the spec's
+    model (``[outside_model]``): known to the fuzz, never a proof verdict."""
+    keys = load_manifest().outside_model
+    return frozenset((p, lay, item) for p, lay, item in (k.split("/", 2) for k in keys))

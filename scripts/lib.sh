@@ -80,7 +80,7 @@ ensure_smoke_env() {
 # The digest of what install-vllm.sh builds the environment of release $1 from.
 vllm_env_inputs() {
   cat "$repo/scripts/lib.sh" "$repo/scripts/install-vllm.sh" "$locks/pip.lock" \
-    "$locks/vllm-$1.lock" "$locks/vllm-runtime.txt" "$locks/runtime.lock" "$locks/test.lock" \
+    "$locks/vllm-$1.lock" "$locks/vllm-runtime.txt" "$locks/ray.txt" "$locks/runtime.lock" "$locks/test.lock" \
     | sha256sum
 }
 

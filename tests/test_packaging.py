@@ -28,7 +28,7 @@ from dualbudget.spec.releases import RELEASES
 REPO = Path(__file__).resolve().parent.parent
 LOCKS = REPO / "requirements"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-PARTS = ("spec", "reference", "proofs", "integration")
+PARTS = ("spec", "reference", "proofs", "integration", "campaign")
 """The top-level folders that install as ``dualbudget.<part>``."""
 
 
