@@ -135,7 +135,7 @@ def test_a_verdict_unlike_the_manifest_is_a_mismatch() -> None:
         ob for ob in select(["vllm-0.32"], ["dspark-fill-in"], ["C3"]) if ob.check == "C3"
     ]
     assert [o.matches for o in run(obligations, manifest, witnesses=False)] == [True]
-    flipped = Manifest({**manifest.entries, "vllm-0.32/dspark-fill-in/C3": "holds"}, {})
+    flipped = Manifest({**manifest.entries, "vllm-0.32/dspark-fill-in/C3": "holds"}, {}, {})
     (outcome,) = run(obligations, flipped, witnesses=False)
     assert outcome.verdict == "fails" and not outcome.matches
 
@@ -330,3 +330,21 @@ def test_the_interpreter_refuses_a_wrong_signature_or_a_missing_function() -> No
         )
     with pytest.raises(UnreadableSource, match="missing functions: give_back"):
         read_template(template.split("\n\ndef give_back")[0], book_symbols())
+
+
+def test_breaks_outside_the_model_are_known_to_the_fuzz_and_checked_for_form() -> None:
+    from dualbudget.fuzz_cli import known_findings
+    from dualbudget.proofs.manifest import outside_model_findings
+
+    manifest = load_manifest()
+    outside = outside_model_findings()
+    assert ("vllm-0.32", "ngram-parallel", "C4") in outside
+    # The proofs' verdict on that key holds of the spec's budget book only: it stays.
+    assert manifest.expected("vllm-0.32/ngram-parallel/C4") == "holds"
+    assert outside <= known_findings()
+    names = [ob.name for ob in catalog()]
+    assert not manifest.problems(names)
+    bad = Manifest(manifest.entries, manifest.why, {"vllm-0.32/ngram-parallel/C9": "x"})
+    assert bad.problems(names) == [
+        "[outside_model] vllm-0.32/ngram-parallel/C9: not profile/layout/item with a why"
+    ]
