@@ -82,10 +82,12 @@ def _init_local(
 class LocalExecutor:
     """``jobs`` local worker processes (``jobs`` 1: this process, no worker).
 
-    ``start_method`` and ``preload`` choose how workers start: a command that imports a
-    package that starts threads (vLLM does) uses ``forkserver`` with it preloaded, since a
-    fork of a process holding threads is not safe while a fork of the single-threaded
-    server is, and each worker then skips the import."""
+    ``start_method`` and ``preload`` choose how workers start. Workers start from a
+    forkserver by default, never by a fork of the caller: a unit's result may depend on
+    nothing but the unit, and a fork would hand each worker whatever state the caller
+    holds (a test session's patches, a Ray client's threads; a fork of a process holding
+    threads is not safe either). A command that imports a package that starts threads
+    (vLLM does) preloads it in the server, so each worker skips the import."""
 
     def __init__(
         self,
@@ -93,7 +95,7 @@ class LocalExecutor:
         *,
         initializer: Callable[..., object] | None = None,
         initargs: tuple[Any, ...] = (),
-        start_method: str | None = None,
+        start_method: str = "forkserver",
         preload: Sequence[str] = (),
         retries: int = RETRIES,
     ) -> None:
@@ -265,7 +267,7 @@ def executor_for(
     *,
     initializer: Callable[..., object] | None = None,
     initargs: tuple[Any, ...] = (),
-    start_method: str | None = None,
+    start_method: str = "forkserver",
     preload: Sequence[str] = (),
     fingerprint: Callable[[], str] | None = None,
 ) -> Executor:

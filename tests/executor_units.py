@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 from dualbudget.campaign.executor import cancelled
+
+# Local workers start from a forkserver, which takes this session's sys.path when it
+# starts; pytest's importlib mode puts no entry there from which ``tests`` imports by name.
+# Imported at collection, before any test starts a forkserver.
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
 
 
 def square(x: int) -> int:

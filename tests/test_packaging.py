@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
@@ -221,8 +222,15 @@ def test_installing_the_wheel_beside_this_vllm_changes_none_of_its_packages(
     dualbudget alone (every dependency is met by what vLLM's environment already holds)."""
     require_live_vllm()
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-index"]
+    # The environment as built, not as this session extends it: a PYTHONPATH holding the
+    # checkout (the local Ray's workers import from it) shows pip this very project.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     run = subprocess.run(
-        [*command, "--report", "-", str(wheel)], capture_output=True, text=True, check=False
+        [*command, "--report", "-", str(wheel)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
