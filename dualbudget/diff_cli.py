@@ -357,6 +357,8 @@ def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: f
     from hypothesis import HealthCheck, Phase, given, settings, target
     from hypothesis import seed as hypothesis_seed
 
+    from dualbudget.integration.seeded import without_source_constants
+
     bounds = SEARCH_BOUNDS
     row = layout_named(layout)
     release_a = profile_named(a).release
@@ -441,7 +443,8 @@ def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: f
         if result.differs and score > state["score"]:
             state["best"], state["score"] = (scenario, result), score
 
-    probe()
+    with without_source_constants():
+        probe()
     return Found(state["best"], state["examples"], time.perf_counter() - started, state["capped"])
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -46,6 +46,7 @@ from .aims import AIMS, machine_for
 from .coverage import EVENTS
 from .lockstep import Divergence, DivergenceFound
 from .outcome import FindingKey, FuzzResult, TimeUp, UnitRun, monitor_line, never_cancelled
+from .seeded import without_source_constants
 
 STATEFUL_STEP_COUNT = 80
 """Rules one example runs at most (Hypothesis' ``stateful_step_count``)."""
@@ -124,27 +125,6 @@ class UnitPlan:
     """The live scheduler alone, judged by the contract monitor only."""
 
 
-@contextlib.contextmanager
-def _without_source_constants() -> Iterator[None]:
-    """Hypothesis draws, one time in twenty, a literal of the *local* modules the process
-    has loaded (``hypothesis.internal.conjecture.providers``, Hypothesis 6.148). Left on,
-    a seed's examples would depend on which of the project's modules a process imported so
-    far and on every literal in them: a worker process, the order of the units, or an
-    edit anywhere in the project would change the run. Off while the fuzz runs, so that a
-    unit's examples depend on its seed alone."""
-    from hypothesis.internal.conjecture import providers
-    from hypothesis.internal.constants_ast import Constants
-
-    saved = providers._get_local_constants
-    providers._get_local_constants = Constants  # an empty pool
-    providers.CONSTANTS_CACHE.cache.clear()
-    try:
-        yield
-    finally:
-        providers._get_local_constants = saved
-        providers.CONSTANTS_CACHE.cache.clear()
-
-
 def run_unit(plan: UnitPlan, cancelled: Callable[[], bool] | None = None) -> UnitRun:
     """One Hypothesis run of ``plan.examples`` examples for one (layout, aim)."""
     import hypothesis
@@ -185,7 +165,7 @@ def run_unit(plan: UnitPlan, cancelled: Callable[[], bool] | None = None) -> Uni
     )
     start = time.monotonic()
     cls = scheduler_class(plan.scheduler_cls) if plan.scheduler_cls else None
-    with use_scheduler_class(cls), _without_source_constants():
+    with use_scheduler_class(cls), without_source_constants():
         try:
             # Hypothesis leaves this one function unannotated.
             run_state_machine_as_test(machine, settings=unit_settings)  # type: ignore[no-untyped-call]
