@@ -6,6 +6,8 @@ Run it in a vLLM environment (Ray is pinned there), with ``nice`` on a shared ma
     nice .venv-vllm-0.33/bin/python benchmarks/campaign_model.py mutate \\
         --operators remove-refund refund-twice --examples 20
     nice .venv-vllm-0.33/bin/python benchmarks/campaign_model.py sweep
+    nice .venv-vllm-0.33/bin/python benchmarks/campaign_model.py fuzz --examples 200 --ray \\
+        --keep out/campaign-model
 
 ``overhead``: no-op units through ``LocalExecutor(2)`` and ``RayExecutor`` (a local Ray
 of 2 CPUs): the workers' start and the seconds each unit costs beyond its own work.
@@ -58,7 +60,7 @@ class Overhead:
 
     start_seconds: float
     """Its workers' start (and initializer), before the first unit."""
-    per_unit_seconds: float
+    per_unit_seconds: float = 0.0
     """Seconds each unit costs a worker beyond its own work."""
 
 
@@ -227,34 +229,107 @@ def mutate_command(operators: Sequence[str], examples: int, ray: bool) -> dict[s
     }
 
 
-def fuzz_command(examples: int) -> dict[str, Any]:
-    common = ["fuzz", "--examples", str(examples), "--seed", "1"]
-    share1 = cpu_share(1)
-    serial_wall, serial_out = dualbudget(*common, "--jobs", "1")
-    found = FUZZ_UNIT.findall(serial_out)
-    cpu = [float(seconds) * share1 for _, _, seconds in found]
-    per_example = [float(s) * share1 / max(1, int(n)) for _, n, s in found]
-    start_cpu = (serial_wall - sum(float(s) for _, _, s in found)) * share1
-    share2 = cpu_share(2)
-    wall2, _ = dualbudget(*common, "--jobs", "2")
-    comparison = Comparison(
-        f"fuzz ({examples} examples, {len(cpu)} units)",
-        predict([c / share2 for c in cpu], 2, Overhead(start_cpu / share2, 0.0)),
-        {"--jobs 2": wall2},
+FUZZ_RUNS = (("jobs 1", ("--jobs", "1"), 1), ("jobs 2", ("--jobs", "2"), 2))
+RAY_RUN = ("ray", ("--executor", "ray", "--jobs", "2"), 2)
+TOP_UP = re.compile(r"-top-up(\d+)$")
+
+
+def _rounds(units: Sequence[tuple[str, float]]) -> list[list[float]]:
+    """Unit seconds by round: the planned units, then each top-up round's (a round is
+    its own ``map``: it starts when the one before has ended)."""
+    rounds: dict[int, list[float]] = {}
+    for name, seconds in units:
+        found = TOP_UP.search(name)
+        rounds.setdefault(int(found.group(1)) if found else 0, []).append(seconds)
+    return [rounds[r] for r in sorted(rounds)]
+
+
+def predict_rounds(rounds: Sequence[Sequence[float]], workers: int, overhead: Overhead) -> float:
+    """``predict`` over maps run one after the other (a fuzz's rounds, a campaign's
+    maps): the start once, then each map's makespan."""
+    return overhead.start_seconds + sum(
+        makespan(units, workers, overhead.per_unit_seconds) for units in rounds
     )
-    print(f"CPU share {share1:.2f} (1 worker), {share2:.2f} (2 workers)")
-    print(f"unit CPU seconds: {summary(cpu)}; start {start_cpu:.1f} CPU s")
+
+
+def campaign_maps(planned: Sequence[float], seeds: int, workers: int) -> list[list[float]]:
+    """A budget campaign's maps (``integration.fuzz.draw_for``): ``seeds`` seeds of the
+    ``planned`` units, ``seeds_per_map`` of them in each map."""
+    from dualbudget.integration.fuzz import seeds_per_map
+
+    batch = seeds_per_map(len(planned), workers)
+    return [list(planned) * min(batch, seeds - s) for s in range(0, seeds, batch)]
+
+
+def fuzz_command(examples: int, ray: bool, keep: str | None) -> dict[str, Any]:
+    """``fuzz --examples N --seed 1`` on 1 worker (the unit-time distribution), then on
+    the 2 of this machine (``--jobs 2``; with ``ray``, also ``--executor ray``): the
+    model's prediction for 2 workers from the first run alone against the measured
+    wall, each run's JSON against the first's (``campaign.same_results``, timings
+    aside), and the model of a campaign of FULL_FUZZ_EXAMPLES examples on N workers:
+    ``fuzz --campaign DIR --budget ...`` drawing seeds of ``examples`` each, the measured
+    run's planned units again for every seed."""
+    from dualbudget.campaign.same_results import first_difference
+
+    common = ["fuzz", "--examples", str(examples), "--seed", "1"]
+    out = Path(keep or tempfile.mkdtemp(prefix="campaign-model-"))
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict[str, Any]] = {}
+    for name, extra, workers in (*FUZZ_RUNS, *([RAY_RUN] if ray else [])):
+        load = os.getloadavg()
+        share = cpu_share(workers)
+        path = out / f"fuzz-{name.replace(' ', '-')}.json"
+        # One --out-dir for every run: the scenario paths are part of the JSON.
+        wall, output = dualbudget(*common, *extra, "--json", str(path), "--out-dir", str(out / "d"))
+        runs[name] = {"wall": wall, "share": share, "load": load, "output": output,
+                      "json": json.loads(path.read_text())}  # fmt: skip
+        print(
+            f"fuzz {name}: {wall:.1f} s wall, CPU share {share:.2f}, load average before"
+            f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+            flush=True,
+        )
+    serial = runs["jobs 1"]
+    share1, share2 = serial["share"], runs["jobs 2"]["share"]
+    found = FUZZ_UNIT.findall(serial["output"])
+    units = [(name, float(seconds) * share1) for name, _, seconds in found]
+    start_cpu = (serial["wall"] - sum(float(s) for _, _, s in found)) * share1
+    rounds = _rounds(units)
+    comparison = Comparison(
+        f"fuzz ({examples} examples, {len(units)} units, {len(rounds) - 1} top-up rounds)",
+        predict_rounds([[c / share2 for c in r] for r in rounds], 2, Overhead(start_cpu / share2)),
+        {"--jobs 2": runs["jobs 2"]["wall"]},
+    )
+    print(f"unit CPU seconds: {summary([c for _, c in units])}; start {start_cpu:.1f} CPU s")
     for line in comparison.lines():
         print(line)
-    # A campaign's units: FUZZ_UNIT_EXAMPLES each, round-robin over the measured units'
-    # (layout, aim) mix, each at its measured CPU seconds per example.
-    count = FULL_FUZZ_EXAMPLES // FUZZ_UNIT_EXAMPLES
-    full = [per_example[i % len(per_example)] * FUZZ_UNIT_EXAMPLES for i in range(count)]
-    table = model_table(
-        f"a {FULL_FUZZ_EXAMPLES}-example fuzz, a CPU per worker", full, Overhead(start_cpu, 0.0)
+    same = {name: first_difference(serial["json"], run["json"]) for name, run in runs.items()}
+    for name, difference in same.items():
+        if name != "jobs 1":
+            print(f"JSON of {name} against jobs 1: {difference or 'the same, timings aside'}")
+    seeds = FULL_FUZZ_EXAMPLES // examples
+    table = {
+        n: predict_rounds(campaign_maps(rounds[0], seeds, n), n, Overhead(start_cpu))
+        for n in WORKERS
+    }
+    cells = ", ".join(f"N={n}: {_hours(t)}" for n, t in table.items())
+    print(
+        f"model, a {FULL_FUZZ_EXAMPLES}-example campaign ({seeds} seeds of {examples} examples,"
+        f" {len(rounds[0])} units each), a CPU per worker: {cells}"
     )
-    return {"unit_cpu_seconds": cpu, "predicted_2": comparison.predicted, "wall_2": wall2,
-            "model": table}  # fmt: skip
+    return {
+        "examples": examples,
+        "unit_cpu_seconds": dict(units),
+        "start_cpu_seconds": start_cpu,
+        "runs": {name: _figures(run) for name, run in runs.items()},
+        "predicted_2": comparison.predicted,
+        "json_differences": same,
+        "model": table,
+        "kept": str(out),
+    }
+
+
+def _figures(run: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in run.items() if k not in ("output", "json")}
 
 
 def sweep_command() -> dict[str, Any]:
@@ -323,7 +398,7 @@ def _hours(seconds: float) -> str:
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "overhead": lambda a: overhead_command(a.units),
     "mutate": lambda a: mutate_command(a.operators, a.examples, not a.no_ray),
-    "fuzz": lambda a: fuzz_command(a.examples),
+    "fuzz": lambda a: fuzz_command(a.examples, a.ray, a.keep),
     "sweep": lambda a: sweep_command(),
 }
 
@@ -335,6 +410,8 @@ def main() -> int:
     parser.add_argument("--operators", nargs="+", default=["remove-refund", "refund-twice"])
     parser.add_argument("--examples", type=int, default=20)
     parser.add_argument("--no-ray", action="store_true", help="`mutate`: local runs only")
+    parser.add_argument("--ray", action="store_true", help="`fuzz`: also --executor ray")
+    parser.add_argument("--keep", metavar="DIR", help="`fuzz`: keep each run's JSON in DIR")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     result = COMMANDS[args.what](args)

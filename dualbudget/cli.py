@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from dualbudget.campaign.budget import parse_duration
 from dualbudget.campaign.executor import EXECUTORS
 from dualbudget.check import CheckOptions
 from dualbudget.diff_cli import DEFAULT_SEARCH_LAYOUT, DiffOptions
@@ -70,6 +71,14 @@ def _at_least(
 _positive_int = _at_least(1, int, "an integer")
 _nonnegative_int = _at_least(0, int, "an integer")
 _nonnegative_float = _at_least(0.0, float, "a number")
+
+
+def _duration(text: str) -> float:
+    """An argparse type: seconds of a duration (``campaign.budget.parse_duration``)."""
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 class _Choose(argparse.Action):
@@ -144,27 +153,38 @@ def _live_flags(command: _Command) -> None:
         " --scheduler-cls) instead of vLLM's own",
     )  # fmt: skip
     command.flag(
-        "--jobs", type=_positive_int, metavar="N",
-        help="worker processes of the fuzz (default: one per core); any N, the same result",
-    )  # fmt: skip
-    command.flag(
         "--top-up-rounds", type=_nonnegative_int, metavar="N",
         help="rounds that rerun, with fresh seeds, the units whose aim draws a required"
         " coverage event left at zero (default %(default)s; 0, or --no-coverage-gate: none)",
     )  # fmt: skip
 
 
-def _executor_flags(command: _Command) -> None:
-    """Where a command's units run (``campaign.executor``, docs/campaigns.md)."""
+def _jobs_flag(
+    command: _Command, what: str, jobs_type: Callable[[str], int] = _positive_int
+) -> None:
+    command.flag("--jobs", type=jobs_type, metavar="N", help=what)
+
+
+def _executor_flags(
+    command: _Command, jobs: str, jobs_type: Callable[[str], int] = _positive_int
+) -> None:
+    """Where a command's units run (``campaign.executor``, docs/campaigns.md): the one
+    declaration of ``--executor``, ``--jobs`` (``jobs``: what its width means to this
+    command) and ``--ray-address`` for every command on the seam."""
     command.flag(
         "--executor", choices=EXECUTORS,
         help="local processes (--jobs of them) or Ray actors (default %(default)s)",
     )  # fmt: skip
+    _jobs_flag(command, jobs, jobs_type)
     command.flag(
         "--ray-address", metavar="ADDR",
         help="the Ray cluster of --executor ray (auto: the one `ray start` left here;"
         " default: $RAY_ADDRESS, else a local Ray for the run)",
     )  # fmt: skip
+
+
+def _campaign_flags(command: _Command) -> None:
+    """A campaign's flags (``campaign.store``): for the commands that keep their units."""
     command.flag(
         "--campaign", metavar="DIR",
         help="keep every finished unit in DIR/campaign.sqlite; a rerun with DIR resumes",
@@ -207,7 +227,6 @@ def _simulate_flags(command: _Command) -> None:
             help="override this coefficient of the calibration (seconds)",
         )  # fmt: skip
     command.flag("--max-steps", type=int, help="stop each run after N steps")
-    command.flag("--jobs", type=int, help="processes (default: min(cores, profiles))")
     command.flag("--json", dest="json_path", metavar="FILE")
     command.flag("--plot", metavar="DIR", help="write PNG plots here")
     command.flag("--quiet", action="store_true", help="no progress lines")
@@ -231,8 +250,9 @@ def _sweep_flags(command: _Command) -> None:
         help="mark a cell whose profiles differ by more than this fraction (default %(default)s)",
     )  # fmt: skip
     command.flag("--csv", dest="csv_path", metavar="FILE", help="the sweep's table as CSV")
-    command.flag("--executor", metavar="NAME", help="local or ray (default %(default)s)")
-    command.flag("--ray-address", metavar="ADDR", help="default: a local Ray for the run")
+    _executor_flags(
+        command, "processes (default: min(cores, profiles); --sweep: cores, or Ray's CPUs)"
+    )
 
 
 def _diff_flags(command: _Command) -> None:
@@ -256,9 +276,10 @@ def _diff_flags(command: _Command) -> None:
         "--seeds", type=_positive_int, metavar="N",
         help="--search runs seeds SEED..SEED+N-1, one unit per layout and seed",
     )  # fmt: skip
-    command.flag("--executor", metavar="NAME", help="local or ray (default %(default)s)")
-    command.flag("--jobs", type=_nonnegative_int, help="the executor's width (default %(default)s)")
-    command.flag("--ray-address", metavar="ADDR", help="default: a local Ray for the run")
+    _executor_flags(
+        command, "--search's width (default %(default)s; 0: every CPU of a Ray cluster)",
+        _nonnegative_int,
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,9 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     prove.flag("--json", dest="json_path", metavar="FILE")
     prove.flag("--junit", dest="junit_path", metavar="FILE")
     prove.flag("--witness-dir", type=Path, metavar="DIR", help="where witness scenarios go")
-    prove.flag("--executor", metavar="NAME", help="where --reach runs: local or ray")
-    prove.flag("--jobs", type=_nonnegative_int, help="the executor's width (default: the pool's)")
-    prove.flag("--ray-address", metavar="ADDR", help="default: a local Ray for the run")
+    _executor_flags(prove, "--reach's width (default: the proofs' pool's)", _nonnegative_int)
 
     fuzz = _Command(
         sub, "fuzz", FuzzOptions, "dualbudget.fuzz_cli:fuzz",
@@ -332,7 +351,16 @@ def build_parser() -> argparse.ArgumentParser:
         " (chosen when no profile matches)",
     )  # fmt: skip
     _live_flags(fuzz)
-    _executor_flags(fuzz)
+    _executor_flags(
+        fuzz, "worker processes (Ray: actors) of the fuzz (default: one per core); any N,"
+        " the same result",
+    )  # fmt: skip
+    _campaign_flags(fuzz)
+    fuzz.flag(
+        "--budget", type=_duration, metavar="DURATION",
+        help="with --campaign: draw new seeds (--examples each, round-robin over layouts and"
+        " aims) until DURATION (8h, 90m, 30s) is spent, then merge everything in DIR",
+    )  # fmt: skip
 
     bench = _Command(
         sub, "bench", BenchOptions, "dualbudget.integration.commands:bench",
@@ -357,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.flag("--junit", dest="junit_path", metavar="FILE", help="the verdict as JUnit XML")
     check.flag("--out-dir", metavar="DIR", help="where divergence scenarios go")
     _live_flags(check)
+    _jobs_flag(check, "worker processes of the fuzz (default: one per core)")
 
     mutate = _Command(
         sub, "mutate", MutateOptions, "dualbudget.integration.mutate:run_mutate_stage",
@@ -366,8 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.flag("--operators", nargs="+", metavar="OP", help="default: all")
     mutate.flag("--examples", type=_positive_int, help="fuzz examples per mutant")
     mutate.flag("--seed", type=int)
-    mutate.flag("--jobs", type=_positive_int, help="mutants at once (default: cores)")
-    _executor_flags(mutate)
+    _executor_flags(mutate, "mutants at once (default: cores; Ray: its CPUs)")
+    _campaign_flags(mutate)
     mutate.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
     mutate.flag("--out-dir", metavar="DIR", help="where the killers' scenarios go")
     _vllm_src_flag(mutate)
@@ -404,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-junit", metavar="FILE",
         help="with --upstream: compare a pytest JUnit XML of DIR with its manifest",
     )  # fmt: skip
+    _vllm_src_flag(report)
 
     settings = _Command(
         sub, "settings", SettingsOptions, "dualbudget.settings_cli:settings_command",

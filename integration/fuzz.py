@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from dualbudget.campaign.budget import spoken
 from dualbudget.campaign.executor import (
     DEFAULT_EXECUTOR,
     Executor,
@@ -300,6 +301,7 @@ def run_fuzz(
     campaign: str | Path | None = None,
     top_up_rounds: int = 0,
     monitor_only: bool = False,
+    budget_seconds: float | None = None,
 ) -> FuzzResult:
     """``examples`` shared out over ``layouts`` and ``AIMS`` (``shares``), one Hypothesis
     run per unit, merged in unit order; ``known_findings`` are the (profile, layout,
@@ -325,13 +327,20 @@ def run_fuzz(
     max_seconds * (i + 1) / n`` but its first (the time a unit leaves unused passes to
     the next), so every unit gets a turn whatever the count of examples asked; a run cut
     by time is no longer reproducible by its seed alone, and says so (``stopped_by_time``).
+
+    With ``budget_seconds`` (and ``campaign``, which it needs): ``draw_for`` instead of
+    one seed's units, no top-up rounds; the result is every unit kept in the campaign,
+    merged (``merge_campaign``).
     """
+    require_campaign(budget_seconds, campaign)
     result = FuzzResult(profile=profile, vllm_version=vllm_version, monitor_only=monitor_only)
     layouts = list(layouts or LAYOUT_NAMES)
     kept = None
     if campaign is not None:
         out_dir = Path(campaign) / "scenarios"
-        key = f"fuzz of {vllm_fingerprint()}, profile {profile}, scheduler {scheduler_cls}"
+        # A monitor-only unit checks less than a lockstep one: the two never share a DIR.
+        mode = "monitor only" if monitor_only else "lockstep"
+        key = f"fuzz of {vllm_fingerprint()}, profile {profile}, scheduler {scheduler_cls}, {mode}"
         try:
             kept = Campaign(campaign, key)
         except CampaignMismatch as err:
@@ -348,6 +357,29 @@ def run_fuzz(
                 f" {result.warm_up_seconds:.1f}s, not counted in the time of the fuzz"
             )
         start = time.monotonic()
+        if budget_seconds is not None and kept is not None:
+
+            def plans_of(unit_seed: int, deadline: float) -> list[UnitPlan]:
+                return [
+                    UnitPlan(
+                        index=index,
+                        profile=profile,
+                        layout=layout,
+                        aim=aim,
+                        examples=count,
+                        seed=unit_seed,
+                        out_dir=str(out_dir),
+                        known_findings=known_findings,
+                        scheduler_cls=scheduler_cls,
+                        monitor_only=monitor_only,
+                        deadline=deadline,
+                    )
+                    for index, (layout, aim, count) in enumerate(shares(examples, layouts))
+                ]
+
+            return draw_for(
+                budget_seconds, plans_of, seed, executor, kept, result, layouts, progress
+            )
         units = shares(examples, layouts)
         plans = [
             UnitPlan(
@@ -403,6 +435,91 @@ def run_fuzz(
     return result
 
 
+def require_campaign(budget_seconds: float | None, campaign: str | Path | None) -> None:
+    """A budget draws seeds until it is spent, which only a campaign keeps: bad input
+    without one (checked before any worker starts)."""
+    if budget_seconds is not None and campaign is None:
+        raise BadInput("--budget needs --campaign DIR, where the campaign keeps its units")
+
+
+def draw_for(
+    budget_seconds: float,
+    plans_of: Callable[[int, float], list[UnitPlan]],
+    first_seed: int,
+    executor: Executor,
+    campaign: Campaign,
+    result: FuzzResult,
+    layouts: Sequence[str],
+    progress: Callable[[str], None] | None,
+    unit: Callable[[UnitPlan], UnitRun] = run_plan,
+) -> FuzzResult:
+    """A campaign with a time budget: seed after seed from ``first_seed``, each seed's
+    units (``plans_of(seed, deadline)``: every layout and aim, round-robin) until
+    ``budget_seconds`` are spent; then the units still running are told to stop at
+    their next example, and what they ran is kept. A divergence stops its own unit
+    only: the campaign goes on with the others. A seed whose units ``campaign`` holds
+    already costs nothing, so a rerun with the same campaign runs the units a kill or
+    the last budget left undone, then draws new seeds. Returns every unit kept in the
+    campaign, merged (``merge_campaign``): this run's and the earlier ones'.
+
+    Each ``map`` takes ``seeds_per_map`` seeds, enough for two units per worker: a
+    worker that finishes waits for the map's last unit, so a map of one seed's units
+    would leave most of a cluster wider than a seed idle."""
+    start = time.monotonic()
+    end = start + budget_seconds
+    batch = seeds_per_map(len(plans_of(first_seed, end)), executor.width)
+    seed, ran = first_seed, 0
+    while time.monotonic() < end:
+        before = campaign.ran
+        plans = [plan for s in range(seed, seed + batch) for plan in plans_of(s, end)]
+        _run_plans(
+            plans, executor, campaign, result, progress, start,
+            unit=unit, until=end, stop_at_first=False,
+        )  # fmt: skip
+        ran += campaign.ran - before
+        seed += batch
+    merged = FuzzResult(
+        profile=result.profile, vllm_version=result.vllm_version, monitor_only=result.monitor_only
+    )
+    kept = merge_campaign(campaign, merged, layouts)
+    merged.warm_up_seconds = result.warm_up_seconds
+    merged.seconds = time.monotonic() - start
+    if progress:
+        progress(
+            f"  campaign {campaign.directory}: budget {spoken(budget_seconds)} spent on seeds"
+            f" {first_seed}..{seed - 1}: {ran} units run now, {kept} units kept in all"
+            f" ({merged.examples} examples, {len(merged.divergences)} divergences)"
+        )
+    return merged
+
+
+def seeds_per_map(units_per_seed: int, width: int) -> int:
+    """Seeds of a budget campaign's ``map`` (``draw_for``): at least two units a worker."""
+    return max(1, -(-2 * max(1, width) // max(1, units_per_seed)))
+
+
+def merge_campaign(campaign: Campaign, result: FuzzResult, layouts: Sequence[str]) -> int:
+    """Merge every unit ``campaign`` keeps into ``result``, in unit order (seed, then
+    layout and aim in the run's order, then top-up round), whatever order they ran in
+    and whichever run ran them; returns their count."""
+    layout_order = {layout: i for i, layout in enumerate(layouts)}
+    aim_order = {aim: i for i, aim in enumerate(AIMS)}
+    runs = [run for run in campaign.all_results().values() if isinstance(run, UnitRun)]
+    runs.sort(
+        key=lambda run: (
+            run.seed,
+            layout_order.get(run.layout, len(layout_order)),
+            run.layout,
+            aim_order.get(run.aim, len(aim_order)),
+            run.aim,
+            run.top_up_round,
+        )
+    )
+    for run in runs:
+        result.merge(run)
+    return len(runs)
+
+
 def _run_plans(
     plans: list[UnitPlan],
     executor: Executor,
@@ -410,19 +527,24 @@ def _run_plans(
     result: FuzzResult,
     progress: Callable[[str], None] | None,
     start: float,
+    *,
+    unit: Callable[[UnitPlan], UnitRun] = run_plan,
+    until: float | None = None,
+    stop_at_first: bool = True,
 ) -> None:
-    """Run ``plans`` on ``executor`` and merge each into ``result`` in order, with its
-    progress line; stop at the first unit that stops the run (the later units are told
-    to stop, and their results dropped)."""
+    """Run ``plans`` (each as ``unit(plan)``) on ``executor`` and merge each into
+    ``result`` in order, with its progress line; stop at the first unit that stops the
+    run (``stop_at_first``), or at the first that ends after ``time.monotonic()`` passed
+    ``until``: the later units are told to stop, and their results dropped."""
     ids = [unit_id(plan) for plan in plans]
     runs = map_resumed(
-        executor, campaign, run_plan, plans, ids, asdict, "fuzz units" if progress else None
+        executor, campaign, unit, plans, ids, asdict, "fuzz units" if progress else None
     )
     for index, run in enumerate(runs):
         monitored = len(result.monitor_findings)
         for finding in result.merge(run):
             if progress:
-                tag = "known finding" if finding.known else "FINDING"
+                tag = f"known finding {finding.manifest_key}" if finding.known else "FINDING"
                 progress(
                     f"{tag}: {finding.contract} under {finding.profile} with"
                     f" {finding.layout} at step {finding.step}: {finding.message}"
@@ -437,7 +559,7 @@ def _run_plans(
                 f"  (total {result.examples} examples, {result.steps} steps,"
                 f" {len(result.divergences)} divergences, {time.monotonic() - start:.0f}s)"
             )
-        if result.stopped:
+        if (stop_at_first and result.stopped) or (until is not None and time.monotonic() > until):
             runs.stop_after(index)
             break
 

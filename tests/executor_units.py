@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from dualbudget.campaign.executor import cancelled
+from dualbudget.integration.fuzz import UnitPlan
+from dualbudget.integration.outcome import UnitRun
 
 # Local workers start from a forkserver, which takes this session's sys.path when it
 # starts; pytest's importlib mode puts no entry there from which ``tests`` imports by name.
@@ -66,3 +68,26 @@ def logged_square(unit: tuple[int, str]) -> int:
 def process_fingerprint() -> str:
     """Differs in every process: a worker's never equals the driver's."""
     return f"process {os.getpid()}"
+
+
+def fuzz_unit(plan: UnitPlan) -> UnitRun:
+    """A fuzz unit that runs no vLLM: counts as ``run_plan`` would (its examples, steps
+    and one coverage event by seed), diverges at its first example in seed 1's first
+    unit, and logs its id (one line per execution) in ``plan.out_dir``/ran.log."""
+    from dualbudget.integration.coverage import EVENT_NAMES
+    from dualbudget.integration.fuzz import unit_id
+    from dualbudget.integration.lockstep import Divergence
+
+    run = UnitRun(
+        plan.profile, plan.layout, plan.aim, plan.seed, Path(plan.out_dir), plan.known_findings
+    )
+    time.sleep(0.02)
+    run.examples, run.steps = plan.examples, 3 * plan.examples
+    run.coverage = dict.fromkeys(EVENT_NAMES, 0)
+    run.coverage[EVENT_NAMES[0]] = plan.seed + 1
+    if plan.seed == 1 and plan.index == 0:
+        run.examples, run.steps = 1, 2
+        run.divergences.append(Divergence("decision", 2, {"x": 1}, {"x": 2}, seed=plan.seed))
+    with open(Path(plan.out_dir) / "ran.log", "a") as log:
+        log.write(unit_id(plan) + "\n")
+    return run

@@ -96,3 +96,32 @@ def test_a_resumed_fuzz_campaign_ends_as_an_uninterrupted_run(
     # Its scenarios live in the campaign: the same result but for their paths.
     assert first["fuzz"]["examples"] == local_one["fuzz"]["examples"]
     assert first["fuzz"]["coverage"] == local_one["fuzz"]["coverage"]
+
+
+def test_a_budget_campaign_draws_seeds_then_merges_its_directory(tmp_path: Path) -> None:
+    import json
+
+    from dualbudget.cli import main
+
+    profile = live_profile_name()
+    directory, out = tmp_path / "campaign", tmp_path / "fuzz.json"
+    common = ["fuzz", "--profile", profile, "--examples", "10", "--seed", "1", "--jobs", "1"]
+    common += ["--layout", "ngram", "--layout", "eagle", "--no-coverage-gate"]
+    common += ["--campaign", str(directory), "--json", str(out)]
+
+    def kept() -> list[tuple[str, bytes]]:
+        with sqlite3.connect(directory / "campaign.sqlite") as db:
+            return list(db.execute("select id, result from units order by id"))
+
+    assert main([*common, "--budget", "20s"]) == 0
+    first, result = kept(), json.loads(out.read_text())
+    seeds = {int(unit_id.split("/seed")[1].split("/")[0]) for unit_id, _ in first}
+    # Seed after seed: more than seed 1's units, and everything kept is in the result.
+    assert {1, 2} <= seeds
+    assert result["examples"] == sum(result["examples_by_unit"].values()) > 10
+    assert result["divergences"] == []
+    # A rerun keeps what the first kept, untouched, and draws more.
+    assert main([*common, "--budget", "5s"]) == 0
+    again = kept()
+    assert set(first) < set(again)
+    assert json.loads(out.read_text())["examples"] > result["examples"]

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dualbudget.cli import main
 from dualbudget.diff_cli import search
 
@@ -97,4 +99,6 @@ def test_prove_reach_gives_the_same_reach_for_one_and_two_jobs(tmp_path: Path) -
 
 def test_prove_refuses_an_unknown_executor() -> None:
     argv = ["prove", "--profile", "dual", "--layout", "dflash", "--reach", "--executor", "slurm"]
-    assert main(argv) == 2
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
