@@ -38,7 +38,9 @@ step: their failures are no known finding of a live step (a refused config is vo
 def known_findings() -> frozenset[FindingKey]:
     """(profile, layout, contract) of every expected failure of the proofs that a live
     step's checks see, and every break the manifest records outside the spec's model: a
-    fuzz that meets one reports it as known and goes on."""
+    fuzz that meets one reports it as known and goes on. Which finding a break on such a
+    key is, if any, is its cause's to say: the manifest row whose condition the run's
+    config meets (``integration.outcome.known_as``)."""
     from dualbudget.proofs.manifest import load_manifest, outside_model_findings
     from dualbudget.proofs.obligations import catalog
 

@@ -434,15 +434,20 @@ class ReportOptions:
     check_junit: str | None = None
     """With ``upstream``: write nothing, compare this pytest JUnit XML of a run of the
     folder with its manifest (exactly the predicted failures)."""
+    vllm_src: str | None = None
+    """With ``upstream``: a vLLM source tree whose Python the tests run over the installed
+    vLLM (``vllm_source``); the predictions follow the profile its decisions match."""
 
 
-def upstream_report(folder: Path, check_junit: str | None) -> int:
+def upstream_report(folder: Path, check_junit: str | None, vllm_src: str | None = None) -> int:
     """``report --upstream DIR``: exit 0 when what ran matches what the proofs and the
-    crash records predict for the installed vLLM (or, with ``check_junit``, when the run
-    failed exactly the predicted tests), else 1."""
+    crash records predict for the installed vLLM, or for ``vllm_src`` the profile
+    detected (or, with ``check_junit``, when the run failed exactly the predicted
+    tests), else 1."""
     from dualbudget.integration.commands import vllm_or_exit
     from dualbudget.integration.upstream import check_junit as check
     from dualbudget.integration.upstream import summary_lines, write_upstream
+    from dualbudget.integration.vllm_source import use_vllm_source
 
     if check_junit is not None:
         problems = check(folder, Path(check_junit))
@@ -450,6 +455,7 @@ def upstream_report(folder: Path, check_junit: str | None) -> int:
             print(f"MISMATCH {problem}")
         print(f"{folder}: {'as predicted' if not problems else f'{len(problems)} mismatches'}")
         return 1 if problems else 0
+    use_vllm_source(vllm_src)  # before any import of vLLM
     if vllm_or_exit("report --upstream") is None:
         return 2
     started = time.perf_counter()
@@ -461,9 +467,11 @@ def upstream_report(folder: Path, check_junit: str | None) -> int:
 
 def report(options: ReportOptions) -> int:
     if options.upstream is not None:
-        return upstream_report(Path(options.upstream), options.check_junit)
+        return upstream_report(Path(options.upstream), options.check_junit, options.vllm_src)
     if options.check_junit is not None:
         raise BadInput("--check-junit: needs --upstream DIR, the folder it checks")
+    if options.vllm_src is not None:
+        raise BadInput("--vllm-src: needs --upstream DIR (the document runs no vLLM)")
     if options.out is None:
         raise BadInput("--out: required (the folder of the design-review document)")
     out = Path(options.out)

@@ -22,6 +22,7 @@ built on a scenario fails that scenario for every profile, which the report says
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUTS, MethodLayout
-from dualbudget.spec.profiles import PROFILE_NAMES
+from dualbudget.spec.policies import Policy
+from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
 from dualbudget.spec.releases import release_of
 
 from .live import require_vllm
@@ -163,19 +165,29 @@ class Detection:
     failures: dict[str, Failure] = field(default_factory=dict)
     """Per profile that does not match, its first failing scenario."""
 
+    def how_chosen(self) -> str:
+        """How the profile was found, for a command's header: by version or decisions,
+        the class it belongs to, and the rules of other profiles it runs on its base."""
+        how = f"detected by {self.how}"
+        if len(self.matches) > 1:
+            how += f", class {', '.join(self.matches)}"
+        rules = [rule_on_base(name) for name in self.matches]
+        return "; ".join([how, *(rule for rule in rules if rule)])
+
     def report(self) -> str:
         """The verdict and, per profile, the first scenario it fails."""
         if self.how == "version":
             return f"vLLM {self.vllm_version}: profile {self.profile} (by its version)"
+        named = ", ".join(_named(name) for name in self.matches)
         if self.profile is None:
             head = f"vLLM {self.vllm_version}: no profile matches its decisions"
         elif len(self.matches) > 1:
             head = (
-                f"vLLM {self.vllm_version}: decides as the class {', '.join(self.matches)}"
+                f"vLLM {self.vllm_version}: decides as the class {named}"
                 f" (profiles that decide alike); profile {self.profile}"
             )
         else:
-            head = f"vLLM {self.vllm_version}: decides as profile {self.profile}"
+            head = f"vLLM {self.vllm_version}: decides as profile {named}"
         lines = [head + f" on all {len(DETECTION_SCENARIOS)} detection scenarios"]
         lines += [f"  {name}: fails {f.scenario}: {f.how}" for name, f in self.failures.items()]
         return "\n".join(lines)
@@ -186,10 +198,52 @@ class Detection:
             "vllm_version": self.vllm_version,
             "how": self.how,
             "matches": list(self.matches),
+            "same_rule": {name: list(same_rule_elsewhere(name)) for name in self.matches},
             "failures": {
                 name: {"scenario": f.scenario, "how": f.how} for name, f in self.failures.items()
             },
         }
+
+
+def _rule(policy: type[Policy]) -> dict[str, object]:
+    """A policy class's budget rule: every method (and property) it resolves, by name.
+    Two classes with the same resolution are one rule under two names."""
+    names = {
+        name
+        for cls in policy.__mro__
+        if cls is not object
+        for name, value in vars(cls).items()
+        if not name.startswith("__") and (callable(value) or isinstance(value, property))
+    }
+    return {name: inspect.getattr_static(policy, name) for name in names}
+
+
+def same_rule_elsewhere(profile: str) -> tuple[str, ...]:
+    """The proposals run on another release whose budget rule is ``profile``'s own (per
+    ``spec.profiles``: a policy class that resolves every method as ``profile``'s does):
+    on ``profile``'s base, their rule decides as ``profile`` does, by construction. A
+    release's own profile names its release, not a rule, so it is never one of them."""
+    own = PROFILES[profile]
+    rule = _rule(type(own.policy))
+    return tuple(
+        other.name
+        for other in PROFILES.values()
+        if other.vllm_version is None
+        and other.release != own.release
+        and _rule(type(other.policy)) == rule
+    )
+
+
+def rule_on_base(profile: str) -> str:
+    """``"pr-53080's rule on vllm-0.33's base"`` for ``dual``: what else the detected
+    profile is, named from the records; empty when it is no other profile's rule."""
+    base = PROFILES[profile].release.profile_name
+    return ", ".join(f"{other}'s rule on {base}'s base" for other in same_rule_elsewhere(profile))
+
+
+def _named(profile: str) -> str:
+    rule = rule_on_base(profile)
+    return f"{profile} ({rule})" if rule else profile
 
 
 def reference_decisions(scenario: DetectionScenario, profile: str) -> tuple[Any, ...]:

@@ -165,28 +165,24 @@ class CallerDraws:
         return min(max(self.stop(request_id, num_sampled), 0), num_sampled)
 
 
-class Lockstep:
-    """One reference and one live scheduler, fed the same events.
-
-    ``profile`` names the reference's profile; the live side is whatever vLLM is
-    installed (``live``: one built by the caller, e.g. of the trace recorder's class).
-    Without ``driver`` the caller makes the run: ``add``, ``abort`` and ``run_step``;
-    with one (a scenario's, ``EventDriver.of``) the run is ``drive(lock.driver, lock)``.
-    Raises ``ConfigRefused`` when both refuse the config and ``DivergenceFound`` when only
-    one does, or when they decide differently, or one of them crashes; with ``out_dir``
-    the divergence is written there as a scenario first.
+class LiveRun:
+    """What every run of a live scheduler on the driver's events holds, with or without a
+    reference beside it: the config and profile, the driver and the caller's draws, the
+    coverage counters, the steps compared, and the contract monitor over the live side.
+    ``Lockstep`` adds the reference; ``monitor_run.LiveAlone`` runs the live side alone.
     """
+
+    live: LiveScheduler
 
     def __init__(
         self,
         config: EngineConfig,
         profile: str,
         *,
-        seed: int | None = None,
-        out_dir: str | Path | None = None,
-        label: str = "lockstep",
-        live: LiveScheduler | None = None,
-        driver: EventDriver | None = None,
+        seed: int | None,
+        out_dir: str | Path | None,
+        label: str,
+        driver: EventDriver | None,
     ) -> None:
         self.config = config
         self.profile = profile
@@ -194,7 +190,7 @@ class Lockstep:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.label = label
         self.k = config.num_speculative_tokens
-        self.layout = (config.layout.name) if config.layout is not None else "none"
+        self.layout = config.layout.name if config.layout is not None else "none"
         self.draws = CallerDraws(self.k)
         self.driver = driver or EventDriver(profile, config, self.draws)
         self.coverage: dict[str, int] = dict.fromkeys(EVENT_NAMES, 0)
@@ -203,37 +199,21 @@ class Lockstep:
         self.violations: list[StepViolation] = []
         self.finished: set[str] = set()
         self.compared = 0
-        """Steps whose two decisions were compared (a diverging one included)."""
+        """Steps whose decisions were made (and, beside a reference, compared)."""
         self.last_live: StepRecord | None = None
         """The live scheduler's record of the last step."""
-        ref_error = live_error = None
-        try:
-            validate(Scenario(profile, config, (RequestSpec("probe", 1, 1),), Acceptance()))
-            self.reference = make_scheduler(config, profile_named(profile), check="collect")
-        except BadInput as err:
-            ref_error = str(err)
-        try:
-            self.live = live if live is not None else LiveScheduler(config)
-        except Unsupported as err:
-            live_error = err.reason
-        if ref_error and live_error:
-            raise ConfigRefused(f"reference: {ref_error}; live: {live_error}")
-        if ref_error or live_error:
-            self._diverge(
-                "validation",
-                f"refuses: {ref_error}" if ref_error else "accepts",
-                f"refuses: {live_error}" if live_error else "accepts",
-            )
-        self.counters = KernelCounters(self.reference.kernel)
-        self.reference.kernel = self.counters.kernel
-        self.construction = self.live.construction
+
+    def watch(self, live: LiveScheduler) -> None:
+        """Take ``live`` as the live side, with the contract monitor over it."""
+        self.live = live
+        self.construction = live.construction
         self.monitor = Monitor(
-            config,
-            num_lookahead_tokens=int(getattr(self.live.scheduler, "num_lookahead_tokens", 0)),
+            self.config,
+            num_lookahead_tokens=int(getattr(live.scheduler, "num_lookahead_tokens", 0)),
         )
-        """The contract monitor's second opinion on every live step (``monitor``): its
+        """The contract monitor's opinion on every live step (``monitor``): its
         violations are kept in ``monitor.violations``, never raised."""
-        self.monitored = readable(getattr(self.live, "scheduler", None))
+        self.monitored = readable(getattr(live, "scheduler", None))
         """The live side is vLLM's scheduler (not a test's stand-in): the monitor reads it."""
 
     @property
@@ -244,12 +224,6 @@ class Lockstep:
     @property
     def requests(self) -> list[RequestSpec]:
         return self.driver.requests
-
-    @property
-    def state(self) -> SchedulerState:
-        """The reference's state: the stream follows its decisions (which are the live
-        scheduler's while the two agree)."""
-        return self.reference.state
 
     # -- what the caller does -----------------------------------------------------------
     def add(
@@ -278,6 +252,82 @@ class Lockstep:
     def abort(self, rid: str) -> None:
         """Abort ``rid`` before the next step (once)."""
         self.driver.abort(rid)
+
+    def _monitor(self, live: StepRecord, wanted: dict[str, Wanted]) -> list[MonitorViolation]:
+        """The monitor's verdict on the live step just made (before any comparison, so
+        that a diverging step is judged too)."""
+        seen = step_seen(
+            self.live.scheduler, live.step, live.num_scheduled_tokens, live.preempted, wanted
+        )
+        return self.monitor.judge(seen)
+
+    # -- the scenario of the run ----------------------------------------------------------
+    def scenario(self, upto_step: int) -> Scenario:
+        """Every event up to and including step ``upto_step``, as a scenario."""
+        return self.driver.scenario(upto_step)
+
+    def write_scenario(self, upto_step: int, kind: str = "divergence") -> Path:
+        """The run up to ``upto_step`` as a scenario file under ``out_dir``, named by
+        ``kind`` (``divergence``, or ``monitor-C3`` etc. for a monitor violation)."""
+        out_dir = self.out_dir if self.out_dir is not None else Path(".")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        seed = "" if self.seed is None else f"-seed{self.seed}"
+        path = out_dir / f"{kind}-{self.label}{seed}-step{upto_step}.json"
+        dump_scenario(self.scenario(upto_step), path)
+        return path
+
+
+class Lockstep(LiveRun):
+    """One reference and one live scheduler, fed the same events.
+
+    ``profile`` names the reference's profile; the live side is whatever vLLM is
+    installed (``live``: one built by the caller, e.g. of the trace recorder's class).
+    Without ``driver`` the caller makes the run: ``add``, ``abort`` and ``run_step``;
+    with one (a scenario's, ``EventDriver.of``) the run is ``drive(lock.driver, lock)``.
+    Raises ``ConfigRefused`` when both refuse the config and ``DivergenceFound`` when only
+    one does, or when they decide differently, or one of them crashes; with ``out_dir``
+    the divergence is written there as a scenario first.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        profile: str,
+        *,
+        seed: int | None = None,
+        out_dir: str | Path | None = None,
+        label: str = "lockstep",
+        live: LiveScheduler | None = None,
+        driver: EventDriver | None = None,
+    ) -> None:
+        super().__init__(config, profile, seed=seed, out_dir=out_dir, label=label, driver=driver)
+        ref_error = live_error = None
+        try:
+            validate(Scenario(profile, config, (RequestSpec("probe", 1, 1),), Acceptance()))
+            self.reference = make_scheduler(config, profile_named(profile), check="collect")
+        except BadInput as err:
+            ref_error = str(err)
+        try:
+            self.live = live if live is not None else LiveScheduler(config)
+        except Unsupported as err:
+            live_error = err.reason
+        if ref_error and live_error:
+            raise ConfigRefused(f"reference: {ref_error}; live: {live_error}")
+        if ref_error or live_error:
+            self._diverge(
+                "validation",
+                f"refuses: {ref_error}" if ref_error else "accepts",
+                f"refuses: {live_error}" if live_error else "accepts",
+            )
+        self.counters = KernelCounters(self.reference.kernel)
+        self.reference.kernel = self.counters.kernel
+        self.watch(self.live)
+
+    @property
+    def state(self) -> SchedulerState:
+        """The reference's state: the stream follows its decisions (which are the live
+        scheduler's while the two agree)."""
+        return self.reference.state
 
     def unfinished(self) -> list[str]:
         requests, aborts = self.reference.state.requests, self.driver.aborts
@@ -368,14 +418,6 @@ class Lockstep:
         self.coverage.update(self.reference.observed)
         return record
 
-    def _monitor(self, live: StepRecord, wanted: dict[str, Wanted]) -> list[MonitorViolation]:
-        """The monitor's verdict on the live step just made (before any comparison, so
-        that a diverging step is judged too)."""
-        seen = step_seen(
-            self.live.scheduler, live.step, live.num_scheduled_tokens, live.preempted, wanted
-        )
-        return self.monitor.judge(seen)
-
     def _count(
         self,
         record: StepRecord,
@@ -419,21 +461,6 @@ class Lockstep:
                 None if path is None else replay_command(path),
             )
         )
-
-    # -- the scenario of the run ----------------------------------------------------------
-    def scenario(self, upto_step: int) -> Scenario:
-        """Every event up to and including step ``upto_step``, as a scenario."""
-        return self.driver.scenario(upto_step)
-
-    def write_scenario(self, upto_step: int, kind: str = "divergence") -> Path:
-        """The run up to ``upto_step`` as a scenario file under ``out_dir``, named by
-        ``kind`` (``divergence``, or ``monitor-C3`` etc. for a monitor violation)."""
-        out_dir = self.out_dir if self.out_dir is not None else Path(".")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        seed = "" if self.seed is None else f"-seed{self.seed}"
-        path = out_dir / f"{kind}-{self.label}{seed}-step{upto_step}.json"
-        dump_scenario(self.scenario(upto_step), path)
-        return path
 
 
 def _no_stop(request_id: str, num_sampled: int) -> int:

@@ -17,8 +17,15 @@ the layout's true draft rows ``C(q)`` (``spec.methods``), never on a policy's ch
   waiting request first in vLLM's queue order (fewer running than ``max_num_seqs``;
   vLLM's waiting loop stops at the first it cannot schedule) all of whose tokens plus the
   lookahead fit the pool's free blocks (an upper bound of what one token of it needs,
-  prefix hits included); in both cases only where one token keeps the hard limits
-  (``one_token_fits``), and, with ``enable_chunked_prefill`` off, where the waiting
+  prefix hits included). On a KV cache of several groups the blocks are summed over
+  vLLM's groups, each at its own block size and against the blocks the request holds
+  there (``blocks_needed``): an upper bound for full attention (MLA too), sliding
+  window and chunked local attention, whose managers free blocks but never ask more
+  than the tokens' blocks, plus one block per group for a prefix hit that ends inside
+  a block (vLLM copies that block on write). A group of any other manager (Mamba's
+  state and checkpoint blocks, the kinds the reference refuses) makes the need
+  uncertain, and C4 is not judged there. In every case only where one token keeps the
+  hard limits (``one_token_fits``), and, with ``enable_chunked_prefill`` off, where the waiting
   request's whole rest does (``within_hard_limits``: vLLM never splits it). A step
   vLLM had to leave empty for want of blocks is never judged, nor, under async
   scheduling, one taken while the previous step's output is still in flight (vLLM
@@ -31,9 +38,13 @@ the layout's true draft rows ``C(q)`` (``spec.methods``), never on a policy's ch
   judged: a request not scheduled at all (queue order and KV admission decide that, not
   the budget), a cut at or above a positive ``long_prefill_token_threshold``, every cut
   of a step that preempted (a victim's refund frees room after the cut was made, room
-  the cut could not have used), and every cut of a scheduler whose KV cache has more
-  than one group (block-aligned splits). Those are C5's rest, which only a scheduler
-  that knows the policy's budgets can decide: the lockstep's reference.
+  the cut could not have used), and every cut of a scheduler that splits chunks at
+  Mamba block boundaries (vLLM's ``need_mamba_block_aligned_split``, Mamba ``align``:
+  the KV layout's cut, not the budget's). On any other KV layout, one group or several,
+  the KV cache never shortens a grant (a request whose blocks do not fit is not
+  scheduled, or preempts, and a step that preempted is not judged), so its cuts are
+  judged as on one group. Those left out are C5's rest, which only a scheduler that
+  knows the policy's budgets can decide: the lockstep's reference.
 
 Violations are collected, never raised: the lockstep's verdict is the reference's, the
 monitor's is reported beside it (``integration.outcome``).
@@ -74,8 +85,9 @@ class Wanted:
     num_computed_tokens: int
     running: bool
     """In vLLM's running queue (else waiting)."""
-    blocks_held: int
-    """Blocks of its single KV group (0 for a waiting request)."""
+    blocks_held: tuple[int, ...]
+    """Blocks in its table, per KV group in vLLM's order (vLLM's ``get_block_ids``,
+    null blocks of a window included); () for a waiting request."""
     first_waiting: bool = False
     """First in vLLM's waiting queue, in its policy's order: the request vLLM's waiting
     loop considers first."""
@@ -94,15 +106,20 @@ class StepSeen:
     """Free blocks of vLLM's pool after the step; None: not readable (C4 not judged)."""
     num_running: int
     """Requests in vLLM's running queue before the step."""
-    single_group: bool
-    """One KV cache group: block counts and cuts are judged (C4, C5)."""
+    block_sizes: tuple[int, ...] | None
+    """The block size of each of vLLM's KV cache groups, in its order; None where one
+    group's manager is of a kind whose blocks the monitor cannot bound (C4 not
+    judged)."""
+    aligned_split: bool = False
+    """vLLM splits chunks at Mamba block boundaries: cuts are not judged (C5)."""
 
 
 class Monitor:
     """C3, C4 and C5's decidable part on one config's live steps.
 
     ``draft_rows`` replaces the layout's ``C(q)`` (a test tells it a wrong one to see it
-    fail); ``block_size`` and ``num_lookahead_tokens`` are vLLM's.
+    fail); ``num_lookahead_tokens`` is vLLM's, and so are the block sizes each step
+    brings (``StepSeen.block_sizes``).
     """
 
     def __init__(
@@ -157,12 +174,25 @@ class Monitor:
         margin = 1 + self.config.num_speculative_tokens
         return min(raw, self.config.max_model_len - computed - margin)
 
+    def blocks_needed(self, seen: StepSeen, tokens: int, held: tuple[int, ...]) -> int:
+        """At most the blocks vLLM's pool gives a request to hold ``tokens`` tokens, with
+        ``held`` blocks per group already in its table (``StepSeen.block_sizes`` known):
+        per group, its tokens' blocks less those held, and, with prefix caching on
+        several groups, one more for a hit that ends inside a block."""
+        assert seen.block_sizes is not None
+        sizes = seen.block_sizes
+        copy_on_write = int(self.config.enable_prefix_caching and len(sizes) > 1 and not held)
+        return sum(
+            max(_cdiv(tokens, size) - (held[g] if g < len(held) else 0), 0) + copy_on_write
+            for g, size in enumerate(sizes)
+        )
+
     def _c4(self, seen: StepSeen) -> list[MonitorViolation]:
-        if seen.scheduled or seen.preempted or seen.free_blocks is None or not seen.single_group:
+        if seen.scheduled or seen.preempted or seen.free_blocks is None:
             return []
-        if self.in_flight or not one_token_fits(self.params):
+        if seen.block_sizes is None or self.in_flight or not one_token_fits(self.params):
             return []
-        size, lookahead = self.config.block_size, self.num_lookahead_tokens
+        lookahead = self.num_lookahead_tokens
         for rid, wanted in seen.wanted.items():
             if wanted.running:
                 # Output in flight (async scheduling): vLLM may rightly wait for it.
@@ -171,7 +201,7 @@ class Monitor:
                 computed = wanted.num_computed_tokens
                 if self._need(wanted, computed) < 1:
                     continue
-                blocks = _cdiv(computed + 1 + lookahead, size) - wanted.blocks_held
+                blocks = self.blocks_needed(seen, computed + 1 + lookahead, wanted.blocks_held)
             else:
                 if not wanted.first_waiting or seen.num_running >= self.config.max_num_seqs:
                     continue
@@ -181,7 +211,7 @@ class Monitor:
                 ):
                     continue
                 # A preempted request waits to recompute its output too: all its tokens.
-                blocks = _cdiv(wanted.num_tokens_with_spec + 1 + lookahead, size)
+                blocks = self.blocks_needed(seen, wanted.num_tokens_with_spec + 1 + lookahead, ())
             if blocks <= seen.free_blocks:
                 where = "running" if wanted.running else "waiting"
                 return [
@@ -189,14 +219,13 @@ class Monitor:
                         "C4",
                         seen.step,
                         f"empty step while {where} request {rid} could run: it needs at most"
-                        f" {max(blocks, 0)} blocks and vLLM's pool has {seen.free_blocks}"
-                        " free",
+                        f" {blocks} blocks and vLLM's pool has {seen.free_blocks} free",
                     )
                 ]
         return []
 
     def _c5(self, seen: StepSeen) -> list[MonitorViolation]:
-        if not seen.single_group or seen.preempted:
+        if seen.aligned_split or seen.preempted:
             return []
         threshold = self.config.long_prefill_token_threshold
         target = sum(seen.scheduled.values())
@@ -230,13 +259,31 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # -- reading vLLM ---------------------------------------------------------------------------
-VLLM_FIELDS = ("running", "waiting", "requests", "kv_cache_manager", "kv_cache_config")
+VLLM_FIELDS = ("running", "waiting", "requests", "kv_cache_manager")
 """What the monitor reads of vLLM's ``Scheduler`` (any subclass has them)."""
 
 
 def readable(scheduler: object) -> bool:
     """Whether ``scheduler`` is one the monitor can read: vLLM's, not a test's stand-in."""
     return all(hasattr(scheduler, name) for name in VLLM_FIELDS)
+
+
+BOUNDED_MANAGERS = frozenset(
+    {"FullAttentionManager", "SlidingWindowManager", "ChunkedLocalAttentionManager"}
+)
+"""vLLM's single-type KV managers (exact classes: their subclasses allocate otherwise)
+whose blocks for ``n`` tokens are at most ``cdiv(n, block_size)`` less the table's
+(``Monitor.blocks_needed``). MLA layers have ``FullAttentionManager`` and sliding-window
+MLA ``SlidingWindowManager``."""
+
+
+def block_sizes(scheduler: Any) -> tuple[int, ...] | None:
+    """The block size of each of vLLM's KV groups, from its own managers; None where one
+    is not of ``BOUNDED_MANAGERS``."""
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    if any(type(manager).__name__ not in BOUNDED_MANAGERS for manager in managers):
+        return None
+    return tuple(int(manager.block_size) for manager in managers)
 
 
 def wanted_before(scheduler: Any) -> dict[str, Wanted]:
@@ -249,10 +296,9 @@ def wanted_before(scheduler: Any) -> dict[str, Wanted]:
     for rid, request in scheduler.requests.items():
         if request.is_finished():
             continue
-        held = 0
+        held: tuple[int, ...] = ()
         if rid in running:
-            groups = manager.get_block_ids(rid)
-            held = len(groups[0]) if groups else 0
+            held = tuple(len(blocks) for blocks in manager.get_block_ids(rid))
         wanted[str(rid)] = Wanted(
             num_tokens_with_spec=int(request.num_tokens_with_spec),
             num_output_placeholders=int(getattr(request, "num_output_placeholders", 0)),
@@ -280,7 +326,6 @@ def step_seen(
         if request is not None and rid in wanted:
             old = wanted[rid]
             wanted[rid] = replace(old, num_computed_tokens=int(request.num_computed_tokens) - q)
-    groups = len(scheduler.kv_cache_config.kv_cache_groups)
     return StepSeen(
         step=step,
         scheduled=dict(scheduled),
@@ -288,5 +333,6 @@ def step_seen(
         wanted=wanted,
         free_blocks=int(scheduler.kv_cache_manager.block_pool.get_num_free_blocks()),
         num_running=sum(1 for w in before.values() if w.running),
-        single_group=groups == 1,
+        block_sizes=block_sizes(scheduler),
+        aligned_split=bool(getattr(scheduler, "need_mamba_block_aligned_split", False)),
     )

@@ -27,10 +27,9 @@ from dualbudget.reference.scenario import Scenario
 from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import EngineConfig
 
-from .coverage import EVENT_NAMES
 from .live import LiveScheduler, Unsupported
-from .lockstep import CallerDraws, ConfigRefused, Lockstep, MirroredCrash, _no_stop, _where
-from .monitor import Monitor, MonitorViolation, wanted_before
+from .lockstep import ConfigRefused, LiveRun, Lockstep, MirroredCrash, _no_stop, _where
+from .monitor import MonitorViolation, wanted_before
 
 
 class LiveCrash(MirroredCrash):
@@ -87,30 +86,15 @@ class LiveAlone(Lockstep):
         live: LiveScheduler | None = None,
         driver: EventDriver | None = None,
     ) -> None:
-        # Lockstep's own construction builds the reference: none here.
-        self.config = config
-        self.profile = profile
-        self.seed = seed
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.label = label
-        self.k = config.num_speculative_tokens
-        self.layout = config.layout.name if config.layout is not None else "none"
-        self.draws = CallerDraws(self.k)
-        self.driver = driver or EventDriver(profile, config, self.draws)
-        self.coverage = dict.fromkeys(EVENT_NAMES, 0)
-        self.violations = []
-        self.finished = set()
-        self.compared = 0
-        self.last_live = None
+        # Lockstep's own construction builds the reference: none here, only what every
+        # live run holds.
+        LiveRun.__init__(
+            self, config, profile, seed=seed, out_dir=out_dir, label=label, driver=driver
+        )
         try:
-            self.live = live if live is not None else LiveScheduler(config)
+            self.watch(live if live is not None else LiveScheduler(config))
         except Unsupported as err:
             raise ConfigRefused(f"live: {err.reason}") from None
-        self.construction = self.live.construction
-        self.monitor = Monitor(
-            config,
-            num_lookahead_tokens=int(getattr(self.live.scheduler, "num_lookahead_tokens", 0)),
-        )
         self._padded: list[str] = []
 
     @property

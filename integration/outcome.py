@@ -5,9 +5,9 @@ A fuzz stops at a divergence, or at a C1-C3 break of the reference that is not a
 finding; everything else is counted (examples, steps, refused configs, mirrored crashes,
 coverage events per method) so that a run says what it reached. The contract monitor's
 violations (``integration.monitor``) are kept apart from both: counted per contract item,
-the first of each (profile, layout, item) of a unit written as a scenario, and labelled
-known when the manifest's findings name that key; they fail the verdict, never stop the
-run.
+the first of each (profile, layout, item, cause) of a unit written as a scenario, and
+labelled with the known finding whose cause the run's config meets (``known_as``); they
+fail the verdict, never stop the run.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from dualbudget.proofs.manifest import causes
+from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named
 
@@ -31,10 +33,37 @@ FindingKey = tuple[str, str, str]
 """(profile, layout, contract id) of a contract break."""
 
 
+class Broken(Protocol):
+    """A break of a contract item at a step: the reference's ``StepViolation`` or the
+    monitor's ``MonitorViolation``."""
+
+    @property
+    def contract(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def message(self) -> str: ...
+
+
+def known_as(key: FindingKey, config: EngineConfig, known: frozenset[FindingKey]) -> str | None:
+    """The manifest's name of the known finding a break of ``key`` under ``config`` is:
+    of those on ``key`` (``proofs.manifest.causes``), the first whose condition
+    ``config`` meets; None when ``key`` is not ``known`` or ``config`` meets none of
+    theirs. A key ``known`` names without a manifest row (a caller's own list) is known
+    as itself."""
+    if key not in known:
+        return None
+    on_key = [cause for cause in causes() if cause.key == key]
+    if not on_key:
+        return "/".join(key)
+    return next((cause.name for cause in on_key if cause.explains(key, config)), None)
+
+
 @dataclass
 class Finding:
-    """A break of C1-C3 the reference recorded in a lockstep run, with its scenario;
-    ``known`` when the caller's known findings list it (the run then goes on)."""
+    """A contract break of a live run (the reference's C1-C3, or the monitor's), with
+    its scenario; ``cause``: the manifest's name of the known finding it is (``known_as``;
+    the run then goes on), None when it is new."""
 
     profile: str
     layout: str
@@ -42,19 +71,29 @@ class Finding:
     step: int
     message: str
     scenario_path: str
-    known: bool
+    cause: str | None
 
     @property
     def key(self) -> FindingKey:
         return (self.profile, self.layout, self.contract)
 
     @property
+    def known(self) -> bool:
+        return self.cause is not None
+
+    @property
+    def labelled(self) -> tuple[str, str, str, str | None]:
+        """Its key and cause: one finding of a run per label."""
+        return (*self.key, self.cause)
+
+    @property
     def manifest_key(self) -> str | None:
-        """The manifest's name of the finding this is, when known: ``profile/layout/Cn``."""
-        return "/".join(self.key) if self.known else None
+        """The manifest's name of the finding this is, when known: an obligation's
+        ``profile/layout/Cn``, or ``outside_model.<cause>``."""
+        return self.cause
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "finding": self.manifest_key}
+        return {**self.__dict__, "known": self.known, "finding": self.manifest_key}
 
 
 def monitor_line(finding: Finding) -> str:
@@ -87,8 +126,8 @@ class Outcome:
     divergences: list[Divergence] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     monitor_findings: list[Finding] = field(default_factory=list)
-    """The monitor's violations, the first of each (profile, layout, item), each with
-    its scenario file."""
+    """The monitor's violations, the first of each (profile, layout, item, cause), each
+    with its scenario file."""
     monitor_counts: dict[str, int] = field(default_factory=dict)
     """Per contract item, every violation the monitor saw (known ones included)."""
     stopped_by_time: bool = False
@@ -160,24 +199,8 @@ class UnitRun(Outcome):
 
     def take_findings(self, lock: Lockstep) -> list[Finding]:
         """The C1-C3 breaks ``lock`` recorded since the last call, one per (profile,
-        layout, contract) in this unit, each with the scenario that reproduces it."""
-        new: list[Finding] = []
-        seen = {f.key for f in self.findings}
-        for violation in lock.violations:
-            key = (self.profile, lock.layout, violation.contract)
-            if key in seen:
-                continue
-            seen.add(key)
-            path = lock.write_scenario(violation.step)
-            new.append(
-                Finding(
-                    *key,
-                    step=violation.step,
-                    message=violation.message,
-                    scenario_path=str(path),
-                    known=key in self.known_findings,
-                )
-            )
+        layout, contract, cause) in this unit, each with the scenario that reproduces it."""
+        new = self._take(lock, lock.violations, monitor=False)
         lock.violations.clear()
         lock.reference.violations.clear()
         self.findings += new
@@ -185,29 +208,42 @@ class UnitRun(Outcome):
 
     def take_monitor(self, lock: Lockstep) -> list[Finding]:
         """The monitor's violations in ``lock`` since the last call: all counted, the
-        first of each (profile, layout, contract) in this unit kept with its scenario."""
-        new: list[Finding] = []
-        seen = {f.key for f in self.monitor_findings}
+        first of each (profile, layout, contract, cause) in this unit kept with its
+        scenario."""
         counts: dict[str, int] = {}
         for violation in lock.monitor.violations:
             counts[violation.contract] = counts.get(violation.contract, 0) + 1
+        new = self._take(lock, lock.monitor.violations, monitor=True)
+        lock.monitor.violations.clear()
+        self.count_monitor(counts)
+        self.monitor_findings += new
+        return new
+
+    def _take(
+        self, lock: Lockstep, violations: Sequence[Broken], *, monitor: bool
+    ) -> list[Finding]:
+        """``violations`` (the monitor's or the reference's) as findings labelled by
+        cause, those not yet kept in this unit, each written as a scenario."""
+        kept = self.monitor_findings if monitor else self.findings
+        seen = {f.labelled for f in kept}
+        new: list[Finding] = []
+        for violation in violations:
             key = (self.profile, lock.layout, violation.contract)
-            if key in seen:
+            cause = known_as(key, lock.config, self.known_findings)
+            if (*key, cause) in seen:
                 continue
-            seen.add(key)
-            path = lock.write_scenario(violation.step, f"monitor-{violation.contract}")
+            seen.add((*key, cause))
+            kind = f"monitor-{violation.contract}" if monitor else "divergence"
+            path = lock.write_scenario(violation.step, kind)
             new.append(
                 Finding(
                     *key,
                     step=violation.step,
                     message=violation.message,
                     scenario_path=str(path),
-                    known=key in self.known_findings,
+                    cause=cause,
                 )
             )
-        lock.monitor.violations.clear()
-        self.count_monitor(counts)
-        self.monitor_findings += new
         return new
 
 
@@ -272,7 +308,7 @@ class FuzzResult(Outcome):
 
     def merge(self, run: UnitRun) -> list[Finding]:
         """Add one unit's counts; returns its findings not already found by an earlier
-        unit (one finding per (profile, layout, contract) in the whole run)."""
+        unit (one finding per (profile, layout, contract, cause) in the whole run)."""
         self.examples += run.examples
         self.steps += run.steps
         self.refused_configs += run.refused_configs
@@ -282,16 +318,18 @@ class FuzzResult(Outcome):
         if run.examples:
             layout = run.layout
             self.examples_by_layout[layout] = self.examples_by_layout.get(layout, 0) + run.examples
-            self.examples_by_unit[run.unit_name] = run.examples
+            # Summed: a campaign merges one (layout, aim) of many seeds.
+            by_unit = self.examples_by_unit
+            by_unit[run.unit_name] = by_unit.get(run.unit_name, 0) + run.examples
             self.constructions.setdefault(layout, set()).update(run.constructions)
         if run.coverage is not None:
             per = self.coverage.setdefault(run.layout, dict.fromkeys(EVENT_NAMES, 0))
             for event, count in run.coverage.items():
                 per[event] += count
-        seen = {f.key for f in self.findings}
-        new = [f for f in run.findings if f.key not in seen]
+        seen = {f.labelled for f in self.findings}
+        new = [f for f in run.findings if f.labelled not in seen]
         self.findings += new
         self.count_monitor(run.monitor_counts)
-        seen = {f.key for f in self.monitor_findings}
-        self.monitor_findings += [f for f in run.monitor_findings if f.key not in seen]
+        seen = {f.labelled for f in self.monitor_findings}
+        self.monitor_findings += [f for f in run.monitor_findings if f.labelled not in seen]
         return new

@@ -38,10 +38,11 @@ from typing import Any
 from dualbudget.proofs.manifest import MANIFEST, load_manifest
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import layout_named
-from dualbudget.spec.profiles import release_profile
+from dualbudget.spec.profiles import PROFILES, release_profile
 from dualbudget.spec.releases import release_of
 
-from .live import _MODEL_DIRS, ENVIRONMENT, require_vllm
+from .live import ENVIRONMENT, MODEL_CONFIGS, require_vllm
+from .vllm_source import active_source
 
 MANIFEST_NAME = "upstream-manifest.json"
 MANIFEST_FORMAT = "dualbudget-upstream"
@@ -102,7 +103,7 @@ class Exhibit:
     """The test function's statements; ``scheduler`` is built before them."""
     parallel_drafting: bool = False
     draft: str | None = None
-    """The draft model's config (``live._MODEL_DIRS`` key), for a model-based drafter."""
+    """The draft model's config (``live.MODEL_CONFIGS`` key), for a model-based drafter."""
     long_prefill_token_threshold: int = 0
     max_num_seqs: int = 16
     """Capped at ``max_num_batched_tokens``, as vLLM requires."""
@@ -115,24 +116,35 @@ class Exhibit:
 
     def predicted(self, version: str) -> bool:
         """Whether the proofs (or the crash record) say vLLM ``version`` exhibits it."""
-        release = release_of(version)
-        if release is None:
+        return self.predicted_under(release_profile_of(version))
+
+    def predicted_under(self, profile: str | None) -> bool:
+        """Whether the proofs say a scheduler deciding as ``profile`` exhibits it; for a
+        crash, whether the crash record names the release ``profile`` runs on (a source
+        tree keeps its base release's code outside the budget). None: no prediction."""
+        if profile is None:
             return False
         if self.finding.startswith("crash/"):
             crash = load_crashes()[self.finding.removeprefix("crash/")]
-            return release.version in crash.releases
-        name = f"{release_profile(release).name}/{self.finding}"
-        return load_manifest().expected(name) == "fails"
+            return PROFILES[profile].release.version in crash.releases
+        return load_manifest().expected(f"{profile}/{self.finding}") == "fails"
 
     def why(self, version: str) -> str:
+        return self.why_under(release_profile_of(version))
+
+    def why_under(self, profile: str | None) -> str:
         if self.finding.startswith("crash/"):
             crash = load_crashes()[self.finding.removeprefix("crash/")]
             return f"{crash.why} Reached with {crash.config}; traffic: {crash.traffic}"
-        release = release_of(version)
-        if release is None:
+        if profile is None:
             return self.finding
-        name = f"{release_profile(release).name}/{self.finding}"
-        return load_manifest().why.get(name, self.finding)
+        return load_manifest().why.get(f"{profile}/{self.finding}", self.finding)
+
+
+def release_profile_of(version: str) -> str | None:
+    """The profile of the release ``version`` belongs to; None for an unknown one."""
+    release = release_of(version)
+    return None if release is None else release_profile(release).name
 
 
 def _k_rows(layout: str, k: int, q: int) -> int:
@@ -426,8 +438,8 @@ def source(exhibit: Exhibit, version: str, why: str) -> str:
     )
     lines = [header]
     lines.append("# A tiny model: vLLM reads its config.json only.")
-    lines.append(f"TARGET_CONFIG = {_literal(_MODEL_DIRS['target'])}")
-    draft = None if exhibit.draft is None else _MODEL_DIRS[exhibit.draft]
+    lines.append(f"TARGET_CONFIG = {_literal(MODEL_CONFIGS['target'])}")
+    draft = None if exhibit.draft is None else MODEL_CONFIGS[exhibit.draft]
     lines.append(f"DRAFT_CONFIG = {_literal(draft)}")
     lines.append("")
     for name, value, note in settings:
@@ -524,38 +536,56 @@ class UpstreamResult:
     written: list[dict[str, Any]]
     not_exhibited: list[dict[str, Any]]
     mismatches: list[str]
+    profile: str | None = None
+    """The profile the predictions follow (None: none, what ran is the answer)."""
+    how: str = "by its version"
+    """How ``profile`` was chosen: the release's version, or a tree's decisions."""
+
+
+def predicting_profile(version: str) -> tuple[str | None, str]:
+    """(profile, how) the predictions follow: the installed release's own profile, or for
+    a ``--vllm-src`` tree (whose version string says nothing of its code), the profile
+    detected by its decisions; None where neither is known."""
+    from .detect import detect
+
+    if active_source() is None:
+        return release_profile_of(version), "by its version"
+    found = detect()
+    return found.profile, found.how_chosen() if found.profile else "no profile matches"
 
 
 def write_upstream(out: Path) -> UpstreamResult:
-    """Write the exhibits the installed vLLM fails to ``out``, with their manifest."""
+    """Write the exhibits the vLLM this process runs fails to ``out``, with their manifest."""
     version = require_vllm()
+    profile, how = predicting_profile(version)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise BadInput(f"--upstream {str(out)!r}: cannot create: {err.strerror}") from None
     candidates = exhibits()
+    tree = active_source()
     with tempfile.TemporaryDirectory(prefix="dualbudget-upstream-") as tmp:
         folder = Path(tmp) / "tests"
         folder.mkdir()
         texts = {}
         for exhibit in candidates:
-            texts[exhibit.name] = source(exhibit, version, exhibit.why(version))
+            texts[exhibit.name] = source(exhibit, version, exhibit.why_under(profile))
             (folder / f"test_{exhibit.name}.py").write_text(texts[exhibit.name])
         outcomes = run_pytest(folder, Path(tmp) / "junit.xml")
     for exhibit in candidates:  # a test no longer exhibited must not stay behind
         (out / f"test_{exhibit.name}.py").unlink(missing_ok=True)
-    result = UpstreamResult(version, [], [], [])
+    result = UpstreamResult(version, [], [], [], profile, how)
     for exhibit in candidates:
         test = f"test_{exhibit.name}"
         outcome = outcomes.get(test, Outcome(test, "error", "not collected"))
         exhibited = outcome.outcome == "failed" and exhibit.marker in outcome.message
-        predicted = exhibit.predicted(version)
+        predicted = exhibit.predicted_under(profile)
         entry: dict[str, Any] = {
             "file": f"{test}.py",
             "test": test,
             "finding": exhibit.finding,
             "marker": exhibit.marker,
-            "why": exhibit.why(version),
+            "why": exhibit.why_under(profile),
         }
         if exhibited:
             (out / f"{test}.py").write_text(texts[exhibit.name])
@@ -565,16 +595,18 @@ def write_upstream(out: Path) -> UpstreamResult:
                 {**entry, "outcome": outcome.outcome, "message": _first_line(outcome)}
             )
         # A version of no known release has no prediction: what ran is the answer.
-        if release_of(version) is not None and exhibited != predicted:
+        if profile is not None and exhibited != predicted:
             said = "fails" if predicted else "holds"
             result.mismatches.append(
-                f"{test} ({exhibit.finding}): predicted {said} on vLLM {version},"
-                f" ran {outcome.outcome}: {_first_line(outcome)}"
+                f"{test} ({exhibit.finding}): predicted {said} on vLLM {version}"
+                f" (profile {profile}), ran {outcome.outcome}: {_first_line(outcome)}"
             )
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "vllm_version": version,
+        "profile": profile,
+        "vllm_src": None if tree is None else str(tree.tree),
         "tests": result.written,
         "not_exhibited": result.not_exhibited,
     }
@@ -621,9 +653,10 @@ def check_junit(folder: Path, junit: Path) -> list[str]:
 
 
 def summary_lines(result: UpstreamResult, out: Path) -> Sequence[str]:
+    predicted = f"profile {result.profile}" if result.profile else "no prediction"
     lines = [
-        f"vLLM {result.version}: {len(result.written)} upstream tests written to {out}"
-        f" ({MANIFEST_NAME} beside them)"
+        f"vLLM {result.version} ({predicted}, {result.how}): {len(result.written)} upstream"
+        f" tests written to {out} ({MANIFEST_NAME} beside them)"
     ]
     lines += [f"  fails: {t['test']} ({t['finding']})" for t in result.written]
     lines += [

@@ -42,11 +42,11 @@ def config(layout: str = "dspark-fill-in", **fields: Any) -> EngineConfig:
 
 def decoding(computed: int = 8, spec: int = K, placeholders: int = 0) -> Wanted:
     """A running request that wants ``1 + spec`` tokens."""
-    return Wanted(computed + 1 + spec, placeholders, computed, running=True, blocks_held=1)
+    return Wanted(computed + 1 + spec, placeholders, computed, running=True, blocks_held=(1,))
 
 
 def waiting(prompt: int, first: bool = True) -> Wanted:
-    return Wanted(prompt, 0, 0, running=False, blocks_held=0, first_waiting=first)
+    return Wanted(prompt, 0, 0, running=False, blocks_held=(), first_waiting=first)
 
 
 def seen(
@@ -55,7 +55,8 @@ def seen(
     *,
     free_blocks: int | None = 32,
     preempted: tuple[str, ...] = (),
-    single_group: bool = True,
+    block_sizes: tuple[int, ...] | None = (16,),
+    aligned_split: bool = False,
 ) -> StepSeen:
     return StepSeen(
         step=3,
@@ -64,7 +65,8 @@ def seen(
         wanted=wanted,
         free_blocks=free_blocks,
         num_running=sum(w.running for w in wanted.values()),
-        single_group=single_group,
+        block_sizes=block_sizes,
+        aligned_split=aligned_split,
     )
 
 
@@ -175,18 +177,90 @@ def test_c5_holds_where_one_more_token_breaks_a_hard_limit() -> None:
 
 
 def test_c5_is_not_judged_where_the_cut_is_not_the_budgets() -> None:
-    # A cut at the long-prefill threshold, on a KV cache of several groups, in a step
-    # that preempted, or near max_model_len (its margin is 1 or 1 + K by release).
+    # A cut at the long-prefill threshold, at a Mamba block boundary, in a step that
+    # preempted, or near max_model_len (its margin is 1 or 1 + K by release).
     wanted = {"a": waiting(12)}
     assert contracts(Monitor(config(long_prefill_token_threshold=4)), seen({"a": 4}, wanted)) == []
-    assert contracts(Monitor(config()), seen({"a": 4}, wanted, single_group=False)) == []
+    assert contracts(Monitor(config()), seen({"a": 4}, wanted, aligned_split=True)) == []
     # A step that preempted: the victim's refund came after the cut.
     assert contracts(Monitor(config()), seen({"a": 4}, wanted, preempted=("b",))) == []
     near = {"a": decoding(computed=256 - 1 - K - 1)}
     assert contracts(Monitor(config()), seen({"a": 1}, near)) == []
 
 
+# -- several KV groups ---------------------------------------------------------------------
+def test_c4_on_several_groups_sums_each_groups_blocks() -> None:
+    # Full attention of 16-token blocks and a window of 32: a 20-token prompt needs
+    # cdiv(21, 16) + cdiv(21, 32) = 3 blocks at most.
+    groups = (16, 32)
+    monitor = Monitor(config())
+    assert contracts(monitor, seen({}, {"a": waiting(20)}, free_blocks=2, block_sizes=groups)) == []
+    found = monitor.judge(seen({}, {"a": waiting(20)}, free_blocks=3, block_sizes=groups))
+    assert [v.contract for v in found] == ["C4"] and "at most 3 blocks" in found[0].message
+    # On one group of 16 the same pool of 2 would have been enough: the groups count.
+    assert contracts(monitor, seen({}, {"a": waiting(20)}, free_blocks=2)) == ["C4"]
+    # A running request holding 1 block of each: its 9th token fits both; its 17th
+    # needs a second block of the full-attention group only.
+    held = replace(decoding(computed=8, spec=0), blocks_held=(1, 1))
+    assert contracts(monitor, seen({}, {"r": held}, free_blocks=0, block_sizes=groups)) == ["C4"]
+    past = replace(decoding(computed=16, spec=0), blocks_held=(1, 1))
+    assert contracts(monitor, seen({}, {"r": past}, free_blocks=0, block_sizes=groups)) == []
+    assert contracts(monitor, seen({}, {"r": past}, free_blocks=1, block_sizes=groups)) == ["C4"]
+
+
+def test_c4_on_several_groups_counts_a_partial_prefix_hit_and_skips_unbounded_groups() -> None:
+    # With prefix caching on several groups, a hit ending inside a block costs one more
+    # block per group (vLLM's copy on write): 3 + 2 for the 20-token prompt.
+    groups, prompt = (16, 32), {"a": waiting(20)}
+    caching = Monitor(config(enable_prefix_caching=True))
+    assert contracts(caching, seen({}, prompt, free_blocks=4, block_sizes=groups)) == []
+    assert contracts(caching, seen({}, prompt, free_blocks=5, block_sizes=groups)) == ["C4"]
+    # A group whose blocks the monitor cannot bound (Mamba's): C4 is not judged.
+    assert contracts(Monitor(config()), seen({}, prompt, free_blocks=64, block_sizes=None)) == []
+
+
+def test_c5_on_several_groups_is_judged_unless_vllm_splits_at_mamba_blocks() -> None:
+    # A 12-token prompt granted 4 while one more fits: the KV groups do not cut grants.
+    wanted = {"a": waiting(12)}
+    several = seen({"a": 4}, wanted, block_sizes=(16, 32))
+    assert contracts(Monitor(config()), several) == ["C5"]
+    mamba = seen({"a": 4}, wanted, block_sizes=None, aligned_split=True)
+    assert contracts(Monitor(config()), mamba) == []
+
+
+def test_a_planted_c_of_q_is_caught_on_several_groups() -> None:
+    step = seen(
+        {str(i): 1 + K for i in range(4)},
+        {str(i): replace(decoding(), blocks_held=(1, 1)) for i in range(4)},
+        block_sizes=(16, 32),
+    )
+    assert contracts(Monitor(config()), step) == []
+    assert contracts(Monitor(config(), draft_rows=lambda q: q + 3), step) == ["C3"]
+
+
 # -- reading vLLM ----------------------------------------------------------------------------
+class FullAttentionManager(SimpleNamespace):
+    """Stands in for vLLM's manager of that name (the monitor reads its class name)."""
+
+    def __init__(self, block_size: int) -> None:
+        super().__init__(block_size=block_size)
+
+
+class MambaManager(FullAttentionManager):
+    """Stands in for vLLM's Mamba manager, whose blocks the monitor does not bound."""
+
+
+def test_block_sizes_are_read_off_vllms_own_managers() -> None:
+    from dualbudget.integration.monitor import block_sizes
+
+    def scheduler(*managers: object) -> Any:
+        coordinator = SimpleNamespace(single_type_managers=managers)
+        return SimpleNamespace(kv_cache_manager=SimpleNamespace(coordinator=coordinator))
+
+    assert block_sizes(scheduler(FullAttentionManager(16), FullAttentionManager(64))) == (16, 64)
+    assert block_sizes(scheduler(FullAttentionManager(16), MambaManager(1024))) is None
+
+
 def _request(rid: str, computed: int, with_spec: int, finished: bool = False) -> Any:
     return SimpleNamespace(
         request_id=rid,
@@ -207,20 +281,21 @@ def test_step_seen_reads_what_each_request_wanted_before_the_step() -> None:
         kv_cache_manager=SimpleNamespace(
             get_block_ids=lambda rid: blocks.get(rid, ([],)),
             block_pool=SimpleNamespace(get_num_free_blocks=lambda: 5),
+            coordinator=SimpleNamespace(single_type_managers=(FullAttentionManager(16),)),
         ),
-        kv_cache_config=SimpleNamespace(kv_cache_groups=[object()]),
     )
     assert readable(scheduler) and not readable(SimpleNamespace(requests={}))
     before = wanted_before(scheduler)
     assert set(before) == {"r", "w"}
-    assert before["r"] == Wanted(11, 0, 8, running=True, blocks_held=1)
+    assert before["r"] == Wanted(11, 0, 8, running=True, blocks_held=(1,))
     assert before["w"].first_waiting and not before["r"].first_waiting
     # vLLM's schedule(): "w" hit 4 cached tokens and was granted 4 more, "r" its 3.
     new.num_computed_tokens, running.num_computed_tokens = 8, 11
     step = step_seen(scheduler, 0, {"r": 3, "w": 4}, [], before)
     assert step.wanted["w"].num_computed_tokens == 4
     assert step.wanted["r"].num_computed_tokens == 8
-    assert (step.free_blocks, step.num_running, step.single_group) == (5, 1, True)
+    assert (step.free_blocks, step.num_running, step.block_sizes) == (5, 1, (16,))
+    assert not step.aligned_split
     found = Monitor(config()).judge(step)
     assert [v.contract for v in found] == ["C5"]  # "w" wanted 8, got 4: T = 7, D = 6
 
@@ -246,3 +321,60 @@ def test_no_matching_profile_falls_back_to_the_monitor_alone(
         "--profile",
         options.known_findings,
     )
+
+
+# -- known findings, by cause ---------------------------------------------------------------
+def test_a_break_is_labelled_with_the_finding_whose_cause_its_config_meets() -> None:
+    from dualbudget.integration.outcome import known_as
+
+    key = ("vllm-0.33", "ngram-parallel", "C4")
+    known = frozenset({key})
+    ngram = config("ngram-parallel", max_num_batched_tokens=32, max_num_seqs=4)
+    k = ngram.num_speculative_tokens
+    # B <= K - 1: 0.33's budget deadlock, the proofs' finding.
+    deadlock = replace(ngram, max_num_batched_tokens=k - 1, max_num_seqs=1)
+    assert known_as(key, deadlock, known) == "vllm-0.33/ngram-parallel/C4"
+    # max_num_scheduled_tokens < 1 + K <= B: vLLM's padding, outside the spec's model.
+    padded = replace(ngram, max_num_scheduled_tokens=k)
+    assert known_as(key, padded, known) == "outside_model.padding-stall"
+    assert known_as(("vllm-0.32", *key[1:]), padded, known | {("vllm-0.32", *key[1:])}) == (
+        "outside_model.padding-stall"
+    )
+    # A config meeting neither cause: the stall is new, though the key has findings.
+    assert known_as(key, ngram, known) is None
+    # P-EAGLE under 0.33 (4 slots for K = 5): the padded 1 + K rows and the slots
+    # exceed B = 8 though S = B >= 1 + K.
+    p_eagle = ("vllm-0.33", "p-eagle", "C4")
+    padded_charge = replace(
+        config("p-eagle", max_num_batched_tokens=8, max_num_seqs=2),
+        speculative_config=SpeculativeConfig.for_layout(layout_named("p-eagle"), 5),
+    )
+    assert known_as(p_eagle, padded_charge, frozenset({p_eagle})) == "outside_model.padding-stall"
+    roomy = replace(padded_charge, max_num_batched_tokens=10)
+    assert known_as(p_eagle, roomy, frozenset({p_eagle})) is None
+    # Not known to the caller (the monitor alone on an unknown version), or known by a
+    # caller's own list with no manifest row: as itself.
+    assert known_as(key, deadlock, frozenset()) is None
+    own = ("vllm-0.33", "eagle", "C5")
+    assert known_as(own, ngram, frozenset({own})) == "vllm-0.33/eagle/C5"
+
+
+def test_a_cause_condition_reads_vllms_settings_and_refuses_anything_else() -> None:
+    from dualbudget.proofs.causes import parse_condition
+    from dualbudget.spec.errors import BadInput
+
+    cond = parse_condition(
+        "max_num_scheduled_tokens < 1 + num_speculative_tokens or block_size == 8"
+    )
+    assert cond.holds("vllm-0.33", config(max_num_scheduled_tokens=K))
+    assert not cond.holds("vllm-0.33", config(max_num_scheduled_tokens=K + 1))
+    assert cond.holds("vllm-0.33", config(block_size=8))
+    both = parse_condition("max_num_batched_tokens - 2 >= 14 and max_num_seqs > 7")
+    assert both.holds("vllm-0.33", config())
+    # The drafting slots are the profile's release's: K - 1 for DSpark under 0.32, 0
+    # under 0.33.
+    slots = parse_condition("max_num_new_slots_for_drafting == num_speculative_tokens - 1")
+    assert slots.holds("vllm-0.32", config()) and not slots.holds("vllm-0.33", config())
+    for bad in ("max_num_batched_tokens", "__import__ < 1", "max_num_seqs < 1 2", "1 <"):
+        with pytest.raises(BadInput, match="condition"):
+            parse_condition(bad)

@@ -1,7 +1,9 @@
 """The contract monitor on the live vLLM scheduler (needs vLLM; see
 docs/vllm-environments.md): it flags DSpark fill-in's C3 overflow where the installed
 release's record (the manifest's findings of its profile) says vLLM overflows, and
-asserts the overflow does not occur where it says not; a small seeded fuzz of the
+asserts the overflow does not occur where it says not; on a KV cache of two groups (full
+attention and a sliding window) it judges C4 and C5 and flags a planted skipped step
+and a wrong C(q), and nothing on vLLM's own scheduler; a small seeded fuzz of the
 installed scheduler shows no violation outside the manifest's findings but stalls the
 reference confirms; and
 ``--monitor-only`` runs the fuzz with no reference and reports, its scenario files
@@ -17,13 +19,16 @@ import pytest
 from dualbudget.fuzz_cli import known_findings
 from dualbudget.integration.commands import FuzzOptions, replay_scenario, run_fuzz_stage
 from dualbudget.integration.fuzz import run_fuzz
+from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import run_in_lockstep
-from dualbudget.integration.monitor import MONITORED, MonitorViolation
-from dualbudget.integration.monitor_run import run_alone
+from dualbudget.integration.monitor import MONITORED, Monitor, MonitorViolation, block_sizes
+from dualbudget.integration.monitor_run import LiveAlone, run_alone
 from dualbudget.integration.testing import live_profile_name, require_live_vllm
-from dualbudget.proofs.manifest import expected_findings
-from dualbudget.reference.driver import ScenarioRun
-from dualbudget.reference.scenario import load_scenario
+from dualbudget.proofs.manifest import causes, expected_findings
+from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
+from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, load_scenario
+from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
+from dualbudget.spec.methods import layout_named
 from tests.test_reference_findings import fill_in_scenario
 
 pytestmark = pytest.mark.live
@@ -88,8 +93,11 @@ def test_a_seeded_fuzz_shows_no_violation_outside_the_findings(
         for _ in run.steps():
             pass
         assert run.stall is not None and run.stall.step == finding.step, finding.to_json()
+    labels = {(cause.name, cause.key) for cause in causes()}
     for finding in result.monitor_findings:
-        assert finding.manifest_key == ("/".join(finding.key) if finding.known else None)
+        # Labelled with the finding of its cause: a manifest row on its own key.
+        assert finding.known == (finding.manifest_key is not None)
+        assert finding.manifest_key is None or (finding.manifest_key, finding.key) in labels
         assert Path(finding.scenario_path).name.startswith(f"monitor-{finding.contract}-")
 
 
@@ -126,3 +134,87 @@ def test_monitor_only_fuzzes_with_no_reference_and_reports(
         assert replay_scenario(violation["scenario_path"], monitor_only=True) == 1
         assert replay_scenario(violation["scenario_path"]) == 0
         assert "monitor: C3" in capsys.readouterr().out
+
+
+# -- several KV groups ---------------------------------------------------------------------
+HYBRID = (KVGroup("full_attention", 16), KVGroup("sliding_window", 16, sliding_window=32))
+SKIPPED_STEP = 3
+
+
+def hybrid_scenario(profile: str) -> Scenario:
+    """Three 40-token prompts on full attention beside a 32-token window, EAGLE with
+    K = 2, B = 32: chunked prefills, then decodes, in a pool with room for all."""
+    config = EngineConfig(
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        max_model_len=128,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig.for_layout(layout_named("eagle"), 2),
+        kv_groups=HYBRID,
+    )
+    requests = tuple(RequestSpec(str(i), 40, 6) for i in range(3))
+    return Scenario(profile, config, requests, Acceptance(fixed=1))
+
+
+def skips_a_step() -> type:
+    """vLLM's scheduler with a planted bug: its ``SKIPPED_STEP``-th ``schedule()`` runs
+    with no token budget, so it schedules nothing while every request could run."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class SkipsAStep(Scheduler):  # type: ignore[misc]
+        calls = 0
+        max_num_scheduled_tokens: int
+
+        def schedule(self, *args: object, **kwargs: object) -> object:
+            self.calls += 1
+            if self.calls != SKIPPED_STEP + 1:
+                return super().schedule(*args, **kwargs)
+            budget = self.max_num_scheduled_tokens
+            self.max_num_scheduled_tokens = 0
+            try:
+                return super().schedule(*args, **kwargs)
+            finally:
+                self.max_num_scheduled_tokens = budget
+
+    return SkipsAStep
+
+
+def run_live_alone(
+    scenario: Scenario, live: LiveScheduler, monitor: Monitor | None = None
+) -> LiveAlone:
+    lock = LiveAlone(
+        scenario.config, scenario.profile, live=live, driver=EventDriver.of(scenario, 40)
+    )
+    if monitor is not None:
+        lock.monitor = monitor
+    for _ in drive(lock.driver, lock):
+        pass
+    return lock
+
+
+def test_the_monitor_judges_c4_and_c5_on_two_kv_groups_and_finds_nothing(profile: str) -> None:
+    scenario = hybrid_scenario(profile)
+    beside: list[MonitorViolation] = []
+    steps, divergence = run_in_lockstep(scenario, monitored=beside)
+    assert divergence is None and steps > SKIPPED_STEP + 2
+    assert beside == []
+    # Both groups' blocks are bounded: C4 is judged on this layout (not skipped).
+    lock = run_live_alone(scenario, LiveScheduler(scenario.config))
+    assert lock.monitor.violations == [] and lock.compared == steps
+    assert block_sizes(lock.live.scheduler) == (16, 16)
+
+
+def test_the_monitor_flags_a_planted_skipped_step_on_two_kv_groups(profile: str) -> None:
+    scenario = hybrid_scenario(profile)
+    live = LiveScheduler(scenario.config, scheduler_cls=skips_a_step())
+    found = run_live_alone(scenario, live).monitor.violations
+    assert [(v.contract, v.step) for v in found] == [("C4", SKIPPED_STEP)], found
+    assert "could run" in found[0].message
+
+
+def test_a_monitor_told_a_wrong_c_of_q_fails_on_two_kv_groups(profile: str) -> None:
+    scenario = hybrid_scenario(profile)
+    wrong = Monitor(scenario.config, draft_rows=lambda q: q + 32)
+    found = run_live_alone(scenario, LiveScheduler(scenario.config), wrong).monitor.violations
+    assert found and {v.contract for v in found} == {"C3"}

@@ -344,7 +344,9 @@ def test_breaks_outside_the_model_are_known_to_the_fuzz_and_checked_for_form() -
     assert outside <= known_findings()
     names = [ob.name for ob in catalog()]
     assert not manifest.problems(names)
-    bad = Manifest(manifest.entries, manifest.why, {"vllm-0.32/ngram-parallel/C9": "x"})
+    bad = Manifest(
+        manifest.entries, manifest.why, {"stall": {"where": ["vllm-0.32/ngram-parallel/C9"]}}
+    )
     assert bad.problems(names) == [
-        "[outside_model] vllm-0.32/ngram-parallel/C9: not profile/layout/item with a why"
+        "[outside_model] stall: not where = [profile/layout/item, ...] with a why"
     ]

@@ -172,3 +172,28 @@ def test_check_junit_has_one_case_per_stage_a_failed_stage_failing(tmp_path: Pat
         "fuzz": "failed",
     }
     assert "exit 1" in outcomes["fuzz"].message
+
+
+@pytest.mark.parametrize(
+    ("finding", "profile", "predicted"),
+    [
+        # A tree's predictions follow the profile its decisions match: pr-53080's rule
+        # breaks none of the contract items the releases break...
+        ("dspark-fill-in/C3", "pr-53080", False),
+        ("dflash/C5", "dual", False),
+        ("ngram-parallel/C4", "dual", False),
+        # ... #52996 keeps 0.32's DSpark fill-in overflow ...
+        ("dspark-fill-in/C3", "pr-52996", True),
+        # ... and a tree keeps the crashes of the release it runs on (its padding).
+        ("crash/padded-decode-cut-by-long-prefill-threshold", "pr-53080", True),
+        ("crash/padded-decode-cut-by-long-prefill-threshold", "dual", True),
+        ("dflash/C5", None, False),
+    ],
+)
+def test_a_trees_predictions_follow_its_detected_profile(
+    finding: str, profile: str | None, predicted: bool
+) -> None:
+    exhibit = next(e for e in exhibits() if e.finding == finding)
+    assert exhibit.predicted_under(profile) is predicted
+    if profile is not None and not finding.startswith("crash/"):
+        assert exhibit.why_under(profile) != finding or not predicted

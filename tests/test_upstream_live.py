@@ -6,20 +6,14 @@ proposes (so it tests the contract, not a recorded outcome)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from dualbudget.cli import main
+from dualbudget.integration.detect import same_rule_elsewhere
 from dualbudget.integration.testing import require_live_vllm
-from dualbudget.integration.upstream import (
-    MANIFEST_NAME,
-    check_junit,
-    pytest_args,
-    read_junit,
-    run_pytest,
-)
+from dualbudget.integration.upstream import MANIFEST_NAME, check_junit, run_pytest
 from tests import vllm_trees
 
 pytestmark = pytest.mark.live
@@ -44,24 +38,26 @@ def test_upstream_tests_fail_as_predicted_and_pass_on_the_split_draft_budget(
     assert set(outcomes) == {t["test"] for t in tests}
     assert check_junit(out, junit) == []
 
-    # The contract tests on a scheduler that follows the contract: the split draft budget.
-    contract = [t for t in tests if not t["finding"].startswith("crash/")]
+    # The contract tests on a scheduler that follows the contract, the split draft budget,
+    # through ``report --upstream --vllm-src``: the tree's Python runs every test, and the
+    # predictions follow the profile its decisions match (no contract finding; the crash of
+    # its base release, whose padding it keeps).
+    contract = [t["test"] for t in tests if not t["finding"].startswith("crash/")]
     assert contract, f"vLLM {version}: no contract finding exhibited"
-    chosen = tmp_path / "contract"
-    chosen.mkdir()
-    for t in contract:
-        shutil.copy(out / t["file"], chosen / t["file"])
     tree = vllm_trees.split_draft_budget_tree(
         tmp_path / "pr-53080", vllm_trees.development_version(version)
     )
-    tree_junit = tmp_path / "tree.xml"
-    vllm_trees.run_in_tree(
-        tree,
-        "import json, pytest\n"
-        f"code = pytest.main({pytest_args(chosen, tree_junit)!r})\n"
-        "print(json.dumps(int(code)))\n",
-    )
-    on_tree = read_junit(tree_junit)
-    assert set(on_tree) == {t["test"] for t in contract}
-    failing = {name: o.message for name, o in on_tree.items() if o.outcome != "passed"}
-    assert not failing, f"fail on the pr-53080 tree: {failing}"
+    on_tree = tmp_path / "on-tree"
+    done = vllm_trees.dualbudget("report", "--upstream", str(on_tree), "--vllm-src", str(tree))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    written = json.loads((on_tree / MANIFEST_NAME).read_text())
+    assert written["vllm_src"] == str(tree.resolve()) and written["profile"] in (
+        "pr-53080",
+        *same_rule_elsewhere("pr-53080"),
+    ), written
+    assert written["vllm_version"] == vllm_trees.development_version(version)
+    passed = {t["test"] for t in written["not_exhibited"] if t["outcome"] == "passed"}
+    assert set(contract) <= passed, f"fail on the pr-53080 tree: {written}"
+    assert {t["test"] for t in written["tests"]} == {
+        t["test"] for t in tests if t["finding"].startswith("crash/")
+    }

@@ -8,14 +8,16 @@ a planted refund bug, and a tree that needs a compiled part the installed vLLM l
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dualbudget.integration.detect import rule_on_base, same_rule_elsewhere
 from dualbudget.integration.testing import require_live_vllm
-from dualbudget.spec.profiles import PROFILES
+from dualbudget.spec.profiles import PROFILES, Profile
 from dualbudget.spec.releases import release_of
 from tests import vllm_trees
 
@@ -37,15 +39,25 @@ def _release_version() -> str:
     return release.version
 
 
-def _profile_of(policy_names: tuple[str, ...]) -> str | None:
-    """The profile running one of ``policy_names`` on the installed release, if any."""
+def _proposal(thread: str) -> Profile:
+    """The profile that follows the upstream proposal ``thread``."""
+    (found,) = [p for p in PROFILES.values() if p.thread == thread]
+    return found
+
+
+def _verdict(proposal: Profile) -> str:
+    """The profile a tree written as ``proposal`` must be detected as: the proposal's own
+    where it runs on the installed release; elsewhere the profile that runs its rule on
+    the installed release, as the records say (``same_rule_elsewhere``)."""
     release = _release_version()
-    found = [
+    if proposal.release.version == release:
+        return proposal.name
+    (found,) = [
         p.name
         for p in PROFILES.values()
-        if p.policy.name in policy_names and p.release.version == release
+        if p.release.version == release and proposal.name in same_rule_elsewhere(p.name)
     ]
-    return found[0] if found else None
+    return found
 
 
 def _detected(tree: Path) -> dict[str, Any]:
@@ -53,10 +65,10 @@ def _detected(tree: Path) -> dict[str, Any]:
     return found
 
 
-def _fuzz(tree: Path, out: Path) -> str:
+def _fuzz(tree: Path, out: Path, *flags: str) -> str:
     done = vllm_trees.dualbudget(
         "fuzz", "--vllm-src", str(tree), "--examples", "20", "--seed", "1",
-        "--no-coverage-gate", "--out-dir", str(out),
+        "--no-coverage-gate", "--out-dir", str(out), *flags,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
@@ -88,22 +100,41 @@ def test_the_installed_sources_as_a_development_tree(tmp_path: Path) -> None:
 def test_the_split_draft_budget_of_53080(tmp_path: Path) -> None:
     dest, version = _dev(tmp_path)
     tree = vllm_trees.split_draft_budget_tree(dest, version)
-    expected = _profile_of(("split-draft-budget", "dual"))
+    proposal = _proposal("vllm-project/vllm#53080")
+    expected = _verdict(proposal)
     found = _detected(tree)
-    assert found["profile"] == expected, found
-    assert f"profile {expected} (detected by decisions" in _fuzz(tree, tmp_path / "out")
+    assert found["profile"] == expected and found["matches"] == [expected], found
+    header = _fuzz(tree, tmp_path / "out").splitlines()[0]
+    assert f"profile {expected} (detected by decisions" in header, header
+    if expected != proposal.name:
+        # On another release's base the verdict names the proposal whose rule it runs.
+        assert proposal.name in found["same_rule"][expected], found
+        assert rule_on_base(expected) in header, header
 
 
 def test_the_dspark_query_budget_of_52996(tmp_path: Path) -> None:
     dest, version = _dev(tmp_path)
     tree = vllm_trees.dspark_query_budget_tree(dest, version)
-    # Where no profile runs #52996 on the installed release (0.33), the rule decides as
-    # the release's own: its DSpark requests reserve no slots and its admission cap
-    # (max_num_batched_tokens // num_lookahead_tokens running requests) already keeps their
-    # K query rows within the budget, so charging them changes no decision.
-    expected = _profile_of(("dspark-query-budget",)) or f"vllm-{_release_version()}"
+    proposal = _proposal("vllm-project/vllm#52996")
     found = _detected(tree)
-    assert found["profile"] == expected, found
+    fuzzed = tmp_path / "fuzz.json"
+    _fuzz(tree, tmp_path / "out", "--layout", "dspark-fill-in", "--json", str(fuzzed))
+    monitor = json.loads(fuzzed.read_text())["monitor"]
+    if proposal.release.version == _release_version():
+        assert found["profile"] == proposal.name and found["matches"] == [proposal.name], found
+        # #52996 charges K query rows but DSpark fill-in reads K + 1: the monitor, without
+        # the reference, sees the buffer overflow live, a finding the manifest knows.
+        c3 = [v for v in monitor["violations"] if v["contract"] == "C3"]
+        assert monitor["counts"]["C3"] > 0 and c3, monitor
+        assert all(v["profile"] == proposal.name and v["known"] for v in c3), c3
+    else:
+        # No profile runs #52996 on this release: the rule decides as the release's own
+        # (DSpark reserves no slots there and the admission cap
+        # max_num_batched_tokens // num_lookahead_tokens already keeps the K query rows
+        # within the budget), and the release's C3 holds for DSpark fill-in.
+        own = f"vllm-{_release_version()}"
+        assert found["profile"] == own and found["matches"] == [own], found
+        assert monitor["counts"]["C3"] == 0, monitor
 
 
 def test_a_forgotten_slot_refund_matches_no_profile(tmp_path: Path) -> None:

@@ -310,3 +310,10 @@ def forgotten_refund_tree(dest: Path, version: str) -> Path:
     tree = copy_installed_sources(dest, version)
     assert transform(tree, SCHEDULER_MODULE, ForgottenSlotRefund()) == 1
     return tree
+
+
+if __name__ == "__main__":
+    # ``python -m tests.vllm_trees DEST``: the installed release's sources as a development
+    # tree in DEST, for CI's ``dualbudget check --vllm-src DEST``.
+    made = copy_installed_sources(Path(sys.argv[1]), development_version(installed_version()))
+    print(made)
