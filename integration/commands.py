@@ -89,9 +89,7 @@ def detected_profile(profile: str | None) -> tuple[str | None, str]:
     found = detect()
     if found.profile is None:
         return None, found.report()
-    if len(found.matches) > 1:
-        return found.profile, f"detected by {found.how}, class {', '.join(found.matches)}"
-    return found.profile, f"detected by {found.how}"
+    return found.profile, found.how_chosen()
 
 
 MONITOR_ALONE = "no profile matches: the contract monitor alone"
@@ -154,6 +152,8 @@ class FuzzOptions:
     """The Ray cluster of ``--executor ray``; None: ``RAY_ADDRESS``'s, else a local Ray."""
     campaign: str | None = None
     """A directory that keeps every finished unit (``campaign.store``): a rerun resumes."""
+    budget: float | None = None
+    """Seconds: draw seeds into ``campaign`` until they are spent (``fuzz.draw_for``)."""
     vllm_src: str | None = None
     """A vLLM source tree whose Python runs over the installed vLLM (``vllm_source``)."""
     monitor_only: bool = False
@@ -165,6 +165,9 @@ class FuzzOptions:
 def run_fuzz_stage(options: FuzzOptions) -> int:
     """The fuzz with its progress, its coverage table and its verdict; its exit code
     (with ``options.replay``: that scenario's lockstep, ``replay_scenario``)."""
+    from .fuzz import require_campaign
+
+    require_campaign(options.budget, options.campaign)
     use_vllm_source(options.vllm_src)
     if options.replay is not None:
         return replay_scenario(
@@ -208,6 +211,7 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         executor_name=options.executor,
         ray_address=options.ray_address,
         campaign=options.campaign,
+        budget_seconds=options.budget,
         # The rounds serve the gate: a run without it has nothing to top up for.
         top_up_rounds=options.top_up_rounds if gate else 0,
         monitor_only=monitor_only,
@@ -275,7 +279,7 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
         )
     )
     for finding in result.findings:
-        tag = "known finding" if finding.known else "UNKNOWN FINDING"
+        tag = f"known finding {finding.manifest_key}" if finding.known else "UNKNOWN FINDING"
         lines.append(
             f"{tag}: {finding.contract} ({finding.profile}, {finding.layout}) at step"
             f" {finding.step}: {finding.scenario_path}"
@@ -366,18 +370,48 @@ def replay_scenario(
 
 
 # -- bench ----------------------------------------------------------------------------
-def bench_workloads(profile: str) -> list[Scenario]:
-    from dualbudget.reference.scenario import Acceptance, RequestSpec, validate
-    from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+BENCH_SYSTEM_PROMPT_LEN = 64
+"""Tokens of the system prompt every bench request's prompt starts with (four blocks of
+16): with prefix caching on, as vLLM's default has it, later requests hit it."""
 
+
+def bench_workloads(profile: str) -> list[Scenario]:
+    """The bench's streams, each with vLLM's default ``enable_prefix_caching`` and a shared
+    system prompt: every method of the table, vLLM's default async scheduling for a
+    model-based drafter, and a hybrid KV layout."""
+    from dualbudget.reference.scenario import Acceptance, RequestSpec, validate
+    from dualbudget.reference.token_ids import segment, unique_prompt
+    from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
+
+    # Shaped like gpt-oss + EAGLE3: a sliding window of 128 tokens beside full attention,
+    # whose group holds the drafter's layers.
+    hybrid = (
+        KVGroup("sliding_window", 16, sliding_window=128),
+        KVGroup("full_attention", 16, is_eagle_group=True),
+    )
+
+    system = segment("bench:system", BENCH_SYSTEM_PROMPT_LEN)
+    requests = []
+    for i in range(128):
+        own = 32 + (i * 37) % 96
+        requests.append(
+            RequestSpec(
+                str(i),
+                len(system) + own,
+                48 + (i * 53) % 80,
+                i // 16,
+                prompt_token_ids=system + unique_prompt(str(i), own),
+            )
+        )
+    acceptance = Acceptance(fixed=None, per_position=(0.7, 0.6, 0.5, 0.4), seed=1)
     workloads = []
-    # The last stream is vLLM's default for a model-based drafter: async scheduling.
-    for spec, async_scheduling in (
-        (None, False),
-        (SpeculativeConfig("ngram", 3), False),
-        (SpeculativeConfig("eagle3", 4, True), False),
-        (SpeculativeConfig("dflash", 4, True), False),
-        (SpeculativeConfig("eagle3", 4, True), True),
+    for spec, async_scheduling, kv_groups in (
+        (None, False, ()),
+        (SpeculativeConfig("ngram", 3), False, ()),
+        (SpeculativeConfig("eagle3", 4, True), False, ()),
+        (SpeculativeConfig("dflash", 4, True), False, ()),
+        (SpeculativeConfig("eagle3", 4, True), True, ()),
+        (SpeculativeConfig("eagle3", 4, True), True, hybrid),
     ):
         config = EngineConfig(
             max_num_batched_tokens=512,
@@ -387,32 +421,36 @@ def bench_workloads(profile: str) -> list[Scenario]:
             num_gpu_blocks=4096,
             speculative_config=spec,
             async_scheduling=async_scheduling,
+            enable_prefix_caching=True,
+            kv_groups=kv_groups,
         )
-        requests = tuple(
-            RequestSpec(str(i), 32 + (i * 37) % 96, 48 + (i * 53) % 80, i // 16) for i in range(128)
-        )
-        acceptance = Acceptance(fixed=None, per_position=(0.7, 0.6, 0.5, 0.4), seed=1)
-        workloads.append(validate(Scenario(profile, config, requests, acceptance)))
+        workloads.append(validate(Scenario(profile, config, tuple(requests), acceptance)))
     return workloads
 
 
 def workload_method(scenario: Scenario) -> str:
     """A bench workload's name: its speculative method (or ``none``), ``+async`` under
-    async scheduling."""
-    spec = scenario.config.speculative_config
+    async scheduling, ``+hybrid`` on several KV groups."""
+    config = scenario.config
+    spec = config.speculative_config
     name = str(spec.method) if spec else "none"
-    return f"{name}+async" if scenario.config.async_scheduling else name
+    if config.async_scheduling:
+        name += "+async"
+    if len(config.groups) > 1:
+        name += "+hybrid"
+    return name
 
 
-def _record_events(scenario: Scenario) -> list[list[Event]]:
+def _record_events(scenario: Scenario) -> tuple[list[list[Event]], int]:
     """The event stream of a reference run, step by step (each list ends with the
-    step's ModelOutput/DraftProposals)."""
+    step's ModelOutput/DraftProposals), and how many admissions hit the prefix cache."""
     from dualbudget.reference.async_scheduler import make_scheduler
     from dualbudget.reference.driver import EventDriver, drive
     from dualbudget.spec.profiles import profile_named
 
     reference = make_scheduler(scenario.config, profile_named(scenario.profile), check="collect")
-    return [step.events for step in drive(EventDriver.of(scenario), reference)]
+    stream = [step.events for step in drive(EventDriver.of(scenario), reference)]
+    return stream, reference.observed["prefix_hit"]
 
 
 BENCH_TARGET_RATIO = 10
@@ -497,7 +535,7 @@ def bench(options: BenchOptions) -> int:
     totals = {mode: [0, 0.0] for mode in modes}
     rows = []
     for scenario in bench_workloads(profile):
-        stream = _record_events(scenario)
+        stream, hits = _record_events(scenario)
         method = workload_method(scenario)
         runs: dict[str, list[float]] = {mode: [] for mode in modes}
         # Interleaved, so that a slow spell of the machine falls on every mode alike.
@@ -518,10 +556,12 @@ def bench(options: BenchOptions) -> int:
             timings[mode] = len(stream) / elapsed
             totals[mode][0] += len(stream)
             totals[mode][1] += elapsed
-        rows.append((method, len(stream), timings))
+        hit_rate = hits / len(scenario.requests)
+        rows.append((method, len(stream), hit_rate, timings))
         print(
-            f"  {method:<12} {len(stream):>5} steps: reference {timings['reference']:>9.0f}/s"
-            f"  live {timings['live']:>7.0f}/s  lockstep {timings['lockstep']:>7.0f}/s"
+            f"  {method:<20} {len(stream):>5} steps, prefix hits {hit_rate:>4.0%}:"
+            f" reference {timings['reference']:>7.0f}/s  live {timings['live']:>5.0f}/s"
+            f"  lockstep {timings['lockstep']:>5.0f}/s"
             f"  ratio {timings['reference'] / timings['live']:.1f}x",
             flush=True,
         )
@@ -535,8 +575,14 @@ def bench(options: BenchOptions) -> int:
         "lockstep_steps_per_s": round(rates["lockstep"], 1),
         "ratio": round(rates["reference"] / rates["live"], 2),
         "workloads": [
-            {"method": m, "steps": n, **{f"{k}_steps_per_s": round(v, 1) for k, v in t.items()}}
-            for m, n, t in rows
+            {
+                "method": m,
+                "steps": n,
+                "prefix_hit_rate": round(h, 3),
+                "ratio": round(t["reference"] / t["live"], 2),
+                **{f"{k}_steps_per_s": round(v, 1) for k, v in t.items()},
+            }
+            for m, n, h, t in rows
         ],
     }
     print(

@@ -223,6 +223,16 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         " in two of its seven layouts, with budgets that cut prompts off a boundary.",
     ),
     CoverageEvent(
+        "hybrid_hit_cut",
+        "hit-cut",
+        "hybrid",
+        "A request admitted with a prefix hit that another group cut short of one group's"
+        " own hit (vLLM's num_uncached_common_prefix_tokens > 0): the hybrid aim draws"
+        " prefix caching on its layouts without Mamba, with arrivals sharing prefixes, and"
+        " windows of one or two blocks whose blocks, freed as the window slides, are"
+        " evicted from the pool's head while full attention's are still held.",
+    ),
+    CoverageEvent(
         "hybrid_preempt",
         "hyb-preempt",
         "hybrid",

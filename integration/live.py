@@ -107,7 +107,7 @@ _DFLASH_DRAFT_CONFIG: dict[str, Any] = {
     "model_type": "qwen3",
     "head_dim": 32,
 }
-_MODEL_DIRS: dict[str, dict[str, Any]] = {
+MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     "target": _TARGET_CONFIG,
     "draft": _TARGET_CONFIG,
     "dflash": _DFLASH_DRAFT_CONFIG,
@@ -176,7 +176,7 @@ def model_dir(kind: str) -> str:
     folder = _model_root / kind
     if not folder.exists():
         folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(_MODEL_DIRS[kind], indent=1))
+        (folder / "config.json").write_text(json.dumps(MODEL_CONFIGS[kind], indent=1))
     return str(folder)
 
 
@@ -415,6 +415,10 @@ def kv_cache_config_of(config: EngineConfig, version: str) -> Any:
             )
             for index, group in enumerate(config.groups)
         ],
+        # Dense: every sliding-window block stays cached, the only retention the reference
+        # models (reference/kv_hybrid_caching.py). vLLM's engine runs 0 (sparse, its
+        # cache_config default), which replay refuses by name (reference/settings.py).
+        prefix_cache_retention_interval=None,
     )
 
 

@@ -277,10 +277,23 @@ class PreemptMachine(LockstepMachine):
 class HybridMachine(PreemptMachine):
     """PreemptMachine's crowd and long outputs, with prompts up to ``max_model_len``: a
     prompt spanning several blocks is what a budget cuts off a block boundary (where
-    Mamba's align mode moves the cut back) and what a sliding window slides over."""
+    Mamba's align mode moves the cut back) and what a sliding window slides over. With
+    prefix caching on, arrivals between steps share prefixes with those before them."""
 
     def prompt_strategy(self, limit: int, late: bool) -> st.SearchStrategy[int]:
         return st.integers(1, limit - 1)
+
+    def arrive_between_steps(self, lock: Lockstep, data: st.DataObject) -> None:
+        if not lock.config.enable_prefix_caching:
+            super().arrive_between_steps(lock, data)
+        elif (
+            len(lock.requests) < MAX_REQUESTS
+            and data.draw(st.integers(0, 1), label="shared arrival?") == 0
+        ):
+            # Prompts sharing prefixes with those before them (``_add``), every other
+            # step: hits for every group to find, and for a window evicted behind them
+            # to cut.
+            self._add(data)
 
 
 class PaddedMachine(LockstepMachine):

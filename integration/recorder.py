@@ -160,6 +160,10 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
         "kv_cache_groups": [
             type(group.kv_cache_spec).__name__ for group in kv_cache_config.kv_cache_groups
         ],
+        # The scheduler's KV managers read the KVCacheConfig's copy, which vLLM's engine
+        # sets from cache_config (default 0, sparse); a scheduler built on its own
+        # KVCacheConfig runs that one's (None, dense).
+        "prefix_cache_retention_interval": kv_cache_config.prefix_cache_retention_interval,
         "enable_lora": vllm_config.lora_config is not None,
         # cache_config.kv_offloading_size becomes a kv_transfer_config in VllmConfig's
         # __post_init__, so the connector covers offloading too.

@@ -13,11 +13,17 @@ block hashes, not the reference's: its replay takes every hit from them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
+from dualbudget.reference.deployments import DEPLOYMENTS
 from dualbudget.reference.scenario import Scenario
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.methods import layout_for
+from dualbudget.spec.releases import Release
 
 from .live import LiveScheduler, build_vllm_config
 from .lockstep import live_records
@@ -54,3 +60,72 @@ def write_scheduler_trace(
             else:
                 os.environ[key] = value
     return len(records)
+
+
+def deployment_config(
+    config: EngineConfig,
+    family: str,
+    stand_in: str | None,
+    release: Release,
+    prefix_caching: bool = True,
+) -> tuple[EngineConfig, dict[str, str]]:
+    """``config`` (a workload's budgets and pool) run as deployment ``family`` at vLLM's
+    defaults on ``release``, and the notes that say how."""
+    found = [d for d in DEPLOYMENTS if d.family == family]
+    if not found:
+        names = ", ".join(repr(d.family) for d in DEPLOYMENTS)
+        raise BadInput(f"no deployment {family!r} (the families: {names})")
+    deployment = found[0]
+    defaults = deployment.config(release)
+    notes = {
+        "deployment": f"{family} at vLLM's defaults (prefix caching on, async as the release"
+        " runs the drafter): its KV cache groups and drafter replace the workload's"
+    }
+    kv_groups = defaults.kv_groups
+    if not prefix_caching:
+        notes["prefix_caching"] = (
+            "off, against vLLM's default: the reference does not model this layout's prefix"
+            " caching (dualbudget replay names what it refuses); Mamba groups then run in"
+            " mode none, as vLLM sets them without prefix caching"
+        )
+        kv_groups = tuple(dataclasses.replace(g, mamba_cache_mode="none") for g in kv_groups)
+    spec = defaults.speculative_config
+    assert spec is not None
+    if stand_in:
+        check_stands_in(spec, stand_in, release)
+        notes["stand_in"] = (
+            f"{stand_in} K={spec.num_speculative_tokens} stands in for {spec.method}"
+            f" K={spec.num_speculative_tokens}: the project's CPU environments hold no"
+            f" {spec.method} model, and vLLM's scheduler treats the two alike (the same"
+            " method-table row, async rule, prefix-hit drop and block-hash lookahead)"
+        )
+        spec = dataclasses.replace(spec, method=stand_in)
+    config = dataclasses.replace(
+        config,
+        block_size=defaults.block_size,
+        kv_groups=kv_groups,
+        speculative_config=spec,
+        async_scheduling=runs_async(spec, release),
+        enable_prefix_caching=prefix_caching,
+    )
+    return config, notes
+
+
+def check_stands_in(spec: SpeculativeConfig, stand_in: str, release: Release) -> None:
+    """Refuse a stand-in drafter that ``release``'s scheduler treats otherwise than
+    ``spec``'s: another method-table row, async rule, hit drop or hash lookahead."""
+    method, parallel = spec.method, spec.parallel_drafting
+
+    def treatment(name: str) -> tuple[object, ...]:
+        return (
+            layout_for(name, parallel, spec.dspark_layout).name,
+            release.runs_async(name, parallel),
+            release.drops_last_hit_block(name),
+            release.num_hash_lookahead_tokens(name),
+        )
+
+    if treatment(stand_in) != treatment(method):
+        raise BadInput(
+            f"--stand-in {stand_in!r}: vLLM {release.version}'s scheduler treats it otherwise"
+            f" than {method!r} ({treatment(stand_in)} against {treatment(method)})"
+        )

@@ -1,8 +1,10 @@
 """The deployments people serve with speculative decoding, as the trace recorder would
 write them, and whether each release's trace of one replays: the settings table
-(``reference/settings.py``) and the engine config checks decide, nothing here does.
+(``reference/settings.py``), the engine config checks and the scheduler's own refusals
+decide, nothing here does.
 
-Each family is its vLLM defaults (async scheduling, prefix caching) plus what sets it
+Each family is its vLLM defaults (async scheduling, prefix caching, and what the engine
+fills in: ``Setting.engine_default``) plus what sets it
 apart: its KV cache groups, as vLLM's ``KVCacheConfig`` holds them and the recorder writes
 them (``kv_cache_groups`` in the settings, ``config.kv_groups``), and the settings its
 usual deployment turns on. docs/reference.md renders the table.
@@ -25,7 +27,8 @@ from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import release_profile
 from dualbudget.spec.releases import RELEASES, Release
 
-from .settings import KV_SPEC_KINDS, Json, assumed_settings, first_unreplayed
+from .async_scheduler import make_scheduler
+from .settings import KV_SPEC_KINDS, Json, assumed_settings, engine_defaults, first_unreplayed
 
 _CLASS_OF_KIND = {kind: name for name, kind in KV_SPEC_KINDS.items()}
 
@@ -59,12 +62,18 @@ class Deployment:
             kv_groups=kv_groups,
         )
 
-    def recorded_settings(self) -> dict[str, Json]:
+    def recorded_settings(self, *, served: bool = True) -> dict[str, Json]:
+        """The settings its trace carries. A served deployment runs vLLM's engine, which
+        fills in some of the scheduler's settings itself (sparse sliding-window caching);
+        a scheduler-level recording (``served=False``) builds the scheduler's configs
+        directly and carries their own defaults."""
         groups = {"kv_cache_groups": [name for name, _ in self.groups]}
-        return {**assumed_settings(), **groups, **self.settings}
+        engine = engine_defaults() if served else {}
+        return {**assumed_settings(), **engine, **groups, **self.settings}
 
-    def verdict(self, version: str) -> str:
-        """``replays`` or ``refused: why`` for a trace of this deployment from ``version``."""
+    def verdict(self, version: str, *, served: bool = True) -> str:
+        """``replays`` or ``refused: why`` for a trace of this deployment from ``version``
+        (``served``: recorded from vLLM's engine; else at the scheduler's level)."""
         release = RELEASES[version]
         config = self.config(release)
         profile = release_profile(release)
@@ -73,11 +82,17 @@ class Deployment:
             check_async_scheduling(config, release)
         except BadInput as err:
             return f"refused: {err}"
-        found = first_unreplayed(self.recorded_settings(), config, profile)
-        if found is None:
-            return "replays"
-        setting, value = found
-        return f"refused: `{setting.name}` = `{json.dumps(value)}` ({setting.changes})"
+        found = first_unreplayed(self.recorded_settings(served=served), config, profile)
+        if found is not None:
+            setting, value = found
+            return f"refused: `{setting.name}` = `{json.dumps(value)}` ({setting.changes})"
+        try:
+            # The KV manager's own refusals (a layout whose prefix caching it does not
+            # model), met where replay meets them: building the scheduler.
+            make_scheduler(config, profile)
+        except BadInput as err:
+            return f"refused: {err}"
+        return "replays"
 
 
 def _group(kind: str, block_size: int = 16, **fields: object) -> tuple[str, KVGroup]:

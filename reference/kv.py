@@ -195,22 +195,27 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         """Every request that sampled reports what it sampled in the form it was added
         with: ids, or the block hashes it gained."""
         requests, sampled = state.requests, event.num_sampled
-        for rid in (*event.token_ids, *event.block_hashes):
-            if not sampled.get(rid, 0):
-                raise InvalidEvent(
-                    f"model output carries token ids or hashes for {rid!r}, which sampled none"
-                )
+        token_ids, block_hashes = event.token_ids, event.block_hashes
+        for carried in (token_ids, block_hashes):
+            for rid in carried:
+                if not sampled.get(rid, 0):
+                    raise InvalidEvent(
+                        f"model output carries token ids or hashes for {rid!r}, which sampled none"
+                    )
         for rid, num_sampled in sampled.items():
-            if not num_sampled or requests[rid].status in FINISHED:
+            if not num_sampled:
+                continue
+            request = requests[rid]
+            if request.status in FINISHED:
                 continue  # a finished request's output is dropped
-            if requests[rid].token_ids is not None:
-                ids = event.token_ids.get(rid)
+            if request.token_ids is not None:
+                ids = token_ids.get(rid)
                 if ids is None or len(ids) != num_sampled:
                     raise InvalidEvent(
                         f"request {rid!r} sampled {num_sampled} tokens; its model output"
                         f" must carry as many token_ids, got {None if ids is None else len(ids)}"
                     )
-            elif rid not in event.block_hashes:
+            elif rid not in block_hashes:
                 raise InvalidEvent(
                     f"request {rid!r} sampled {num_sampled} tokens; its model output must"
                     " carry the block_hashes it gained"
@@ -222,18 +227,19 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         hashes, rid = request.block_hashes, request.request_id
         assert hashes is not None
         ids = request.token_ids
+        block_size = self.block_size
         if ids is not None:
             ids.extend(event.token_ids[rid][:appended])
-            hashes += hash_blocks(
-                hashes[-1] if hashes else None,
-                ids,
-                self.block_size,
-                start=len(hashes) * self.block_size,
-                lookahead=self.rule.num_hash_lookahead_tokens,
-            )
+            start = len(hashes) * block_size
+            lookahead = self.rule.num_hash_lookahead_tokens
+            if len(ids) - lookahead < start + block_size:
+                return  # most outputs complete no block: no hash, the promise stands
+            parent = hashes[-1] if hashes else None
+            hashes += hash_blocks(parent, ids, block_size, start=start, lookahead=lookahead)
         else:
             hashes += event.block_hashes.get(rid, ())
             self._check_num_hashes(rid, len(hashes), request.num_tokens)
+        self._promise(request)
 
     @staticmethod
     def pool(state: SchedulerState) -> BlockPool:
@@ -282,39 +288,68 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         their hashes), and caches every full block of the tokens computed by the end of
         the step (never a draft or lookahead slot: ``min(computed + new, num_tokens)``,
         within the hashes the request has)."""
-        pool, block_ids = self.pool(state), request.block_ids
+        pool, block_ids, block_size = self.pool(state), request.block_ids, self.block_size
         # Every running request asks with no hit: spare it the count over nothing.
         evictable = pool.num_evictable(hit) if hit else 0
         held = len(block_ids) + len(hit)
-        num_computed = request.num_computed_tokens + len(hit) * self.block_size
-        wanted = max(self._num_blocks_wanted(num_computed, held, num_new_tokens), 0)
-        if evictable + wanted > state.free_blocks:
-            return False
-        state.free_blocks -= evictable + wanted
-        request.num_blocks = held + wanted
-        if hit:
-            self.observed["hit_on_running_block"] += pool.touch(hit)
-            block_ids.extend(hit)
-            request.num_cached_blocks = len(block_ids)
-        if wanted:
-            new_blocks, evicted = pool.get_new_blocks(wanted)
-            self.observed["cached_block_evicted"] += evicted
-            block_ids.extend(new_blocks)
-        # Every allocation may cache blocks, so this manager makes no kv_slots_covered
-        # promise: the RUNNING loop always asks it.
-        self.cache_blocks(state, request, min(num_computed + num_new_tokens, request.num_tokens))
+        num_computed = request.num_computed_tokens + len(hit) * block_size
+        wanted = self._num_blocks_wanted(num_computed, held, num_new_tokens)
+        if wanted > 0 or hit:
+            if wanted < 0:
+                wanted = 0
+            if evictable + wanted > state.free_blocks:
+                return False
+            state.free_blocks -= evictable + wanted
+            request.num_blocks = held + wanted
+            if hit:
+                self.observed["hit_on_running_block"] += pool.touch(hit)
+                block_ids.extend(hit)
+                request.num_cached_blocks = len(block_ids)
+            if wanted:
+                new_blocks, evicted = pool.get_new_blocks(wanted)
+                self.observed["cached_block_evicted"] += evicted
+                block_ids.extend(new_blocks)
+        # request.num_tokens, inlined: the RUNNING loop asks here past every block.
+        num_tokens = request.prompt_len + request.num_output_tokens
+        computed = num_computed + num_new_tokens
+        self.cache_blocks(state, request, computed if computed < num_tokens else num_tokens)
+        self._promise(request)
         return True
+
+    def _promise(self, request: RequestState) -> None:
+        """Set ``kv_slots_covered``: within it the blocks held cover the step (as without
+        caching) and no hashed block past the cached ones is reached, so allocating
+        would take and cache nothing. Kept wherever blocks, hashes or cached blocks
+        change (``allocate_slots``, ``append_output``, ``cache_blocks``, ``free``).
+
+        Not for a request of several KV groups, whose coordinator hashes through this
+        manager but makes no promise (its RUNNING loop asks every step)."""
+        if request.kv_groups:
+            return
+        block_size = self.block_size
+        covered = request.num_blocks * block_size - self.num_lookahead_tokens
+        hashes = request.block_hashes
+        if hashes is not None and len(hashes) > request.num_cached_blocks:
+            next_full = (request.num_cached_blocks + 1) * block_size - 1
+            if next_full < covered:
+                covered = next_full
+        request.kv_slots_covered = covered
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
         """``cache_blocks``: the full blocks of the first ``num_tokens`` tokens get the
         request's hashes (as far as it has them: lookahead hashes lag a token)."""
+        num_full = num_tokens // self.block_size
+        if num_full <= request.num_cached_blocks:
+            return
         hashes = request.block_hashes or ()
-        num_full = min(num_tokens // self.block_size, len(hashes))
+        if num_full > len(hashes):
+            num_full = len(hashes)
         if num_full > request.num_cached_blocks:
             self.pool(state).cache_full_blocks(
                 request.block_ids, hashes, request.num_cached_blocks, num_full
             )
             request.num_cached_blocks = num_full
+            self._promise(request)
 
     def free(self, state: SchedulerState, request: RequestState) -> None:
         """``free``: the blocks go back last first, so a request's tail is evicted
@@ -324,6 +359,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         request.block_ids = []
         request.num_blocks = 0
         request.num_cached_blocks = 0
+        request.kv_slots_covered = 0
         state.free_blocks = pool.num_free_blocks
 
 

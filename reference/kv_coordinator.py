@@ -2,7 +2,8 @@
 
 One full-attention group (MLA alike) keeps the single-group managers of ``kv.py``, whose
 counts the shipped traces replay; any other layout runs on the hybrid coordinator
-(``kv_hybrid.py``), which refuses by name what it does not model.
+(``kv_hybrid.py``; with prefix caching ``kv_hybrid_caching.py``), and what neither models
+is refused by name.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from dualbudget.spec.config import ConfigError, EngineConfig
 from dualbudget.spec.releases import Release
 
 from .kv import KVCacheManager, PrefixCachingKVCacheManager
-from .kv_hybrid import hybrid_manager
+from .kv_hybrid import HybridKVCacheManager, hybrid_manager
+from .kv_hybrid_caching import HybridPrefixCachingKVCacheManager
 from .prefix_cache import HitRule
 
 FULL_ATTENTION_KINDS = ("full_attention", "mla_attention")
 """Kinds vLLM schedules as full attention (``MLAAttentionSpec`` is a ``FullAttentionSpec``)."""
+CACHING_KINDS = (*FULL_ATTENTION_KINDS, "sliding_window", "sliding_window_mla")
+"""Kinds whose prefix-cache hit rules the hybrid coordinator models."""
 
 
 def manager_for(
@@ -35,7 +39,11 @@ def manager_for(
         # Prefix caching off, no lookahead hashes: the drafter's drop is the speculative
         # config's use_eagle_block_drop, the drop of either hit rule a release has.
         drop = release.drops_last_hit_block(method) or release.num_hash_lookahead_tokens(method) > 0
-        return hybrid_manager(config, num_lookahead_tokens, observed, drop)
+        manager = hybrid_manager(config, num_lookahead_tokens, observed, drop)
+        if not config.enable_prefix_caching:
+            return manager
+        return hybrid_caching_manager(manager, config, release, method)
+
     block_size = groups[0].block_size
     if not config.enable_prefix_caching:
         return KVCacheManager(block_size, config.max_model_len, num_lookahead_tokens)
@@ -50,10 +58,7 @@ def check_hybrid_layout(config: EngineConfig) -> None:
     """Refuse, by name, what the coordinator does not model of a layout of several groups
     or of a kind other than full attention."""
     if config.enable_prefix_caching:
-        raise ConfigError(
-            "enable_prefix_caching",
-            "prefix caching with kv_groups other than one full-attention group is not modelled",
-        )
+        check_hybrid_caching_layout(config)
     for index, group in enumerate(config.groups):
         if group.mamba_cache_mode == "align" and group.block_size != config.block_size:
             # vLLM aligns chunks on cache_config.block_size, the Mamba block in align mode.
@@ -62,3 +67,63 @@ def check_hybrid_layout(config: EngineConfig) -> None:
                 f"a Mamba group in 'align' mode has block_size {config.block_size}"
                 f" (cache_config.block_size), got {group.block_size}",
             )
+
+
+def check_hybrid_caching_layout(config: EngineConfig) -> None:
+    """Refuse, by name, a layout whose prefix caching the hybrid coordinator does not
+    model: another kind's hit rules (Mamba, chunked local attention), groups of several
+    block sizes (finer hashes and scheduler-block alignment), or two groups of one kind
+    (vLLM looks up groups of one spec together)."""
+    groups = config.groups
+    for index, group in enumerate(groups):
+        if group.kind not in CACHING_KINDS:
+            raise ConfigError(
+                f"kv_groups[{index}].kind",
+                f"prefix caching with a {group.kind!r} group is not modelled",
+            )
+        if group.block_size != groups[0].block_size:
+            raise ConfigError(
+                f"kv_groups[{index}].block_size",
+                "prefix caching with kv_groups of different block sizes is not modelled",
+            )
+        if any(other.kind == group.kind for other in groups[:index]):
+            raise ConfigError(
+                f"kv_groups[{index}].kind",
+                f"prefix caching with two {group.kind!r} groups is not modelled",
+            )
+
+
+def hybrid_caching_manager(
+    manager: HybridKVCacheManager, config: EngineConfig, release: Release, method: str | None
+) -> HybridPrefixCachingKVCacheManager:
+    """The coordinator with ``enable_caching``: the release's hit rule for the drafter,
+    and the groups whose hit drops its last block (those marked ``is_eagle_group``, or
+    every group where none is marked and the drafter drops one)."""
+    rule = HitRule.of(release, method)
+    groups = config.groups
+    flagged = [group.is_eagle_group for group in groups]
+    if not any(flagged):
+        flagged = [rule.drop_last_block] * len(groups)
+    drops = rule.drop_last_block or release.eagle_groups_drop_without_use_eagle
+    drop_groups = tuple(drops and flag for flag in flagged)
+    order = sorted(
+        range(len(groups)), key=lambda index: groups[index].kind not in FULL_ATTENTION_KINDS
+    )
+    # The hash's block size is the groups' one (vLLM hashes at their GCD).
+    block_size = groups[0].block_size
+    hashing = PrefixCachingKVCacheManager(
+        block_size, manager.max_model_len, manager.num_lookahead_tokens, rule, manager.observed
+    )
+    return HybridPrefixCachingKVCacheManager(
+        block_size,
+        manager.max_model_len,
+        manager.num_lookahead_tokens,
+        manager.groups,
+        manager.observed,
+        manager.split_block_size,
+        manager.max_prefill_tokens,
+        manager.drop_eagle_block,
+        hashing,
+        drop_groups,
+        tuple(order),
+    )

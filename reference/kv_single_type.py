@@ -6,8 +6,8 @@ block and which a null block). Its rules are how many tokens the table must cove
 longer reads (``num_skipped_tokens``: their blocks go back to the pool and their places
 become null blocks) and the admission cap of a recycling kind (``admission_cap``). The
 hybrid coordinator (``kv_hybrid.py``) asks each group and sums; the budget policies never
-see a group. Prefix caching is off (``kv_coordinator`` refuses it for these layouts), so
-no hit ever reaches a group.
+see a group. With prefix caching on, the coordinator with caching
+(``kv_hybrid_caching.py``) reads the same rules and keeps each group's blocks by id.
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@ long a hit may be, per release (its record's hit-rule fields) and drafter
 
 from __future__ import annotations
 
-import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from hashlib import blake2b
 
 from dualbudget.spec.releases import Release
 
@@ -49,7 +50,30 @@ def hash_blocks(
 
     With ``lookahead`` L > 0 (vLLM's ``num_hash_lookahead_tokens``) a block's hash
     also covers the L tokens after it, and is made only once they exist. Any chain that
-    is injective in practice will do: only the equality of two hashes matters."""
+    is injective in practice will do: only the equality of two hashes matters. A hash is
+    the 64-bit BLAKE2b digest of its parent's hash and its ids packed 8 bytes each, all
+    blocks' ids packed in one call (formatting each block's ids as text cost more than
+    the rest of a step's bookkeeping)."""
+    end = len(token_ids) - lookahead
+    if start + block_size > end:
+        return []
+    try:
+        packed = array("q", token_ids[start : end + lookahead]).tobytes()
+    except OverflowError:  # an id past 64 bits: each block's ids as text
+        return _hash_blocks_as_text(parent, token_ids, block_size, start, lookahead)
+    hashes: list[str] = []
+    width, stride = 8 * (block_size + lookahead), 8 * block_size
+    key = "" if parent is None else parent
+    for offset in range(0, (end - start) // block_size * stride, stride):
+        key = blake2b(key.encode() + packed[offset : offset + width], digest_size=8).hexdigest()
+        hashes.append(key)
+    return hashes
+
+
+def _hash_blocks_as_text(
+    parent: str | None, token_ids: Sequence[int], block_size: int, start: int, lookahead: int
+) -> list[str]:
+    """``hash_blocks`` for ids too large to pack: each block's ids as text."""
     hashes: list[str] = []
     end = len(token_ids) - lookahead
     while start + block_size <= end:
@@ -57,7 +81,7 @@ def hash_blocks(
         key = repr(
             (parent, tuple(token_ids[start:stop]), tuple(token_ids[stop : stop + lookahead]))
         )
-        parent = hashlib.sha256(key.encode()).hexdigest()[:16]
+        parent = blake2b(key.encode(), digest_size=8).hexdigest()
         hashes.append(parent)
         start = stop
     return hashes
@@ -144,14 +168,16 @@ class BlockPool:
         the free queue, at the head if it has no hash (reused first), else at the tail
         (evicted least recently used first)."""
         first: list[int] = []
+        # Every finished or preempted request passes each of its blocks here.
+        ref_cnt, block_hash, queue = self.ref_cnt, self.block_hash, self.free_queue
         for block in ordered:
-            self.ref_cnt[block] -= 1
-            if self.ref_cnt[block] == 0:
-                if self.block_hash[block] is None:
+            count = ref_cnt[block] - 1
+            ref_cnt[block] = count
+            if count == 0:
+                if block_hash[block] is None:
                     first.append(block)
                 else:
-                    self.free_queue[block] = None
-        queue = self.free_queue
+                    queue[block] = None
         for block in reversed(first):
             queue[block] = None
             queue.move_to_end(block, last=False)

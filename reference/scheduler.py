@@ -4,7 +4,8 @@ decision delegated to a ``spec`` policy.
 The subset: text-only requests, no LoRA, encoder, KV connector, structured output or
 pipeline parallelism; one full-attention KV group (prefix caching on or off: see
 ``kv.py`` and docs/design.md §6) or several groups of the kinds ``kv_hybrid.py``
-models (prefix caching off), no multi-module MTP (its prefill lookahead is then a
+models (prefix caching on as ``kv_hybrid_caching.py`` models it, or off), no
+multi-module MTP (its prefill lookahead is then a
 no-op). Within it, one ``handle(event)`` call is
 one of vLLM's ``add_request``, ``schedule`` (with ``_update_after_schedule``),
 ``update_from_output``, ``update_draft_token_ids`` or ``finish_requests``. With
@@ -71,10 +72,16 @@ PREFIX_OBSERVED = (
 request admitted from waiting with a cache hit, one whose hit is all its tokens but the
 last, a cached free block handed out (its hash evicted), a hit block some running
 request holds (per block), a preempted request resuming with a hit."""
-KV_GROUP_OBSERVED = ("window_blocks_freed", "mamba_aligned_split", "hybrid_preempt")
+KV_GROUP_OBSERVED = (
+    "window_blocks_freed",
+    "mamba_aligned_split",
+    "hybrid_preempt",
+    "hybrid_hit_cut",
+)
 """The counters of the hybrid coordinator (``kv_hybrid``): blocks a sliding-window or
 chunked-local group freed as they fell out of its window, a chunk Mamba's ``align`` mode
-cut to a block boundary, and a preemption under a pool of several groups."""
+cut to a block boundary, a preemption under a pool of several groups, and a request
+admitted with a prefix hit that another group cut short of one group's own hit."""
 OBSERVED = (
     "async_in_flight",
     "stale_output",
@@ -607,12 +614,15 @@ class Scheduler:
                 # The blocks a running request's verified tokens complete are cached as its
                 # output comes (before a stop frees them), not only at its next
                 # allocation; a stop first takes the tokens after it out of the computed.
-                trimmed = num_sampled - appended
-                kv_manager.cache_blocks(
-                    state,
-                    request,
-                    request.num_computed_tokens - request.num_in_flight_tokens - trimmed,
+                verified = (
+                    request.num_computed_tokens
+                    - request.num_in_flight_tokens
+                    - (num_sampled - appended)
                 )
+                # kv's promise (RequestState.kv_slots_covered): no block within it is
+                # left to cache, so most outputs skip the call.
+                if verified > request.kv_slots_covered:
+                    kv_manager.cache_blocks(state, request, verified)
             if status is not None:
                 self._finish(rid, status)
         if step == last:

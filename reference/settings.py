@@ -59,6 +59,10 @@ class Setting:
     exists_in: Callable[[Release], bool] | None = None
     """Whether a release's vLLM has the setting (None: every release); one without it
     always runs at ``default``."""
+    engine_default: Json = None
+    """What vLLM's engine hands the scheduler when the user sets nothing, where that is
+    not ``default`` (a config the engine fills in from another one); None: ``default``.
+    A deployment's trace (``reference/deployments.py``) carries it."""
 
     def home_in(self, version: str) -> str | None:
         """Where release ``version``'s vLLM reads it; None where it has no such setting."""
@@ -100,6 +104,20 @@ def _hits_uncapped(value: Json, config: EngineConfig, profile: Profile) -> bool:
     # Only a release whose waiting loop asks the routed-experts connector for a hit cap
     # decides otherwise with the output on.
     return not profile.release.caps_hits_for_routed_experts
+
+
+SPARSE_RETENTION_KINDS = ("sliding_window", "sliding_window_mla", "mamba")
+"""The group kinds whose cached blocks vLLM's ``prefix_cache_retention_interval`` thins
+(its ``SlidingWindowSpec`` and ``MambaSpec`` subclasses); full-attention and chunked-local
+groups cache every block whatever its value."""
+
+
+def _dense_either_way(value: Json, config: EngineConfig, profile: Profile) -> bool:
+    # Retention decides which blocks a sliding-window or Mamba group keeps cached: with
+    # no such group, or no prefix caching, every value schedules alike.
+    return not config.enable_prefix_caching or not any(
+        group.kind in SPARSE_RETENTION_KINDS for group in config.groups
+    )
 
 
 def _hashes_ahead(release: Release) -> bool:
@@ -194,6 +212,17 @@ SETTINGS: tuple[Setting, ...] = (
         also="or the groups of config.kv_groups, each of a kind the reference models",
     ),
     Setting(
+        "prefix_cache_retention_interval",
+        "kv_cache_config.prefix_cache_retention_interval (the engine copies"
+        " cache_config.prefix_cache_retention_interval there, default 0)",
+        None, False, None,
+        "sliding-window and Mamba groups cache only the blocks at replay boundaries (0) or"
+        " one per interval tokens, not every block (None): fewer prefix hits",
+        also_replays=_dense_either_way,
+        also="or any value without prefix caching or without a sliding-window or Mamba group",
+        recorded_since=3, optional=True, engine_default=0,
+    ),
+    Setting(
         "enable_lora", "lora_config (set: not None)", False, False, False,
         "max_loras caps the distinct adapters of a step",
     ),
@@ -272,6 +301,12 @@ def assumed_request_settings() -> dict[str, Json]:
     return {s.name: s.assumed for s in SETTINGS if s.scope == "request"}
 
 
+def engine_defaults() -> dict[str, Json]:
+    """The settings vLLM's engine runs at other than their ``default`` when the user sets
+    nothing (``Setting.engine_default``)."""
+    return {s.name: s.engine_default for s in SETTINGS if s.engine_default is not None}
+
+
 def first_unreplayed(
     settings: Mapping[str, Json], config: EngineConfig, profile: Profile
 ) -> tuple[Setting, Json] | None:
@@ -295,6 +330,7 @@ def setting_json(setting: Setting) -> dict[str, Json]:
             release: {"home": setting.home_in(release), "default": setting.default}
             for release in RELEASE_VERSIONS
         },
+        "engine_default": setting.engine_default,
         "replays": setting.assumed if not setting.modelled else None,
         "also": setting.also or None,
         "changes": setting.changes,

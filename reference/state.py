@@ -35,11 +35,17 @@ class GroupBlocks:
     """Mamba ``align``: the place of the previous step's state block (-1: none)."""
     num_retired_blocks: int = 0
     """Mamba ``align``: places before this one were freed already."""
+    block_ids: list[int] = field(default_factory=list)
+    """Prefix caching: the pool's block at each place (0, the null block, where one was
+    freed or skipped); the hybrid caching coordinator keeps it instead of ``table``."""
+    num_cached_blocks: int = -1
+    """Prefix caching: ``num_cached_block[request_id]``, how many leading places are
+    cached (-1: the request is not in that map, so its allocation counts skipped blocks)."""
 
     @property
     def num_blocks(self) -> int:
-        """Real blocks held."""
-        return sum(self.table)
+        """Real blocks held (in ``block_ids`` with prefix caching, else ``table``)."""
+        return sum(self.table) + len(self.block_ids) - self.block_ids.count(0)
 
 
 @dataclass(slots=True)

@@ -17,6 +17,20 @@ ones it sampled; ``--num-gpu-blocks N`` shrinks the KV pool so that requests pre
     .venv-vllm-0.32/bin/python scripts/record_scheduler_trace.py chat-poisson \
         dualbudget/traces/scheduler-async-0.32-chat-poisson.ndjson.gz --max-steps 300 \
         --async-scheduling --stop-rate 0.03 --num-gpu-blocks 130
+
+``--deployment FAMILY`` (a family of ``reference/deployments.py``, by name) records it
+with that family's vLLM defaults: its KV cache groups (one ``KVCacheGroupSpec`` each),
+drafter and K, async scheduling as the installed release runs that drafter, prefix caching
+on (Mamba in ``align`` mode, as vLLM sets it then). ``--stand-in METHOD`` builds another
+drafter of the same K where the family's cannot be built here (MTP needs a model with an
+MTP module), and the header's notes say so. ``--no-prefix-caching`` turns vLLM's default
+off (a Mamba group then runs in mode ``none``, as vLLM sets it), for a layout whose prefix
+caching the reference does not model; the notes say that too::
+
+    .venv-vllm-0.33/bin/python scripts/record_scheduler_trace.py chat-system-prompt \
+        dualbudget/traces/scheduler-async-0.33-deepseek-mtp.ndjson.gz --max-steps 300 \
+        --deployment "DeepSeek V3 / V3.1 + MTP" --stand-in eagle --stop-rate 0.03 \
+        --num-gpu-blocks 100
 """
 
 from __future__ import annotations
@@ -32,13 +46,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dualbudget.spec.errors import BadInput
+from dualbudget.spec.releases import release_of
+
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 
 def main() -> int:
     from dualbudget.integration.live import installed_vllm_version
-    from dualbudget.integration.scheduler_trace import write_scheduler_trace
+    from dualbudget.integration.scheduler_trace import deployment_config, write_scheduler_trace
     from dualbudget.reference.replay import profile_for_vllm_version
     from dualbudget.reference.scenario import validate
     from dualbudget.reference.workload import preset
@@ -51,6 +68,9 @@ def main() -> int:
     parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--stop-rate", type=float, default=0.0)
     parser.add_argument("--num-gpu-blocks", type=int)
+    parser.add_argument("--deployment")
+    parser.add_argument("--stand-in")
+    parser.add_argument("--no-prefix-caching", action="store_true")
     args = parser.parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     workload = preset(args.workload)
@@ -59,6 +79,19 @@ def main() -> int:
     if args.max_steps:
         notes["max_steps"] = str(args.max_steps)
     config = scenario.config
+    if args.deployment:
+        version = installed_vllm_version() or ""
+        release = release_of(version)
+        try:
+            if release is None:
+                raise BadInput(f"no release record for vLLM {version!r}")
+            config, deployment_notes = deployment_config(
+                config, args.deployment, args.stand_in, release, not args.no_prefix_caching
+            )
+        except BadInput as err:
+            print(f"record_scheduler_trace.py: {err}", file=sys.stderr)
+            return 2
+        notes.update(deployment_notes)
     if args.async_scheduling:
         config = dataclasses.replace(config, async_scheduling=True)
     if args.num_gpu_blocks:

@@ -2,8 +2,10 @@
 # The test job: lint, types, the import contracts, the core suite (spec, reference, proofs,
 # traces, packaging), the spec's mutants, the built wheel on the other supported Pythons
 # (3.12 and 3.13: installed as a user installs it, then a smoke set), then inside each real
-# vLLM release (one per requirements/vllm-*.lock) the live suite, a seeded lockstep fuzz,
-# the benchmark (its ratio printed, never asserted) and `dualbudget mutate` (budget bugs
+# vLLM release (one per requirements/vllm-*.lock) the live suite, a seeded lockstep fuzz
+# (then the same fuzz on a local Ray, whose JSON must equal it), `dualbudget check` on a
+# copy of the release's Python sources given as a tree under review (--vllm-src), the
+# benchmark (its ratio printed, never asserted) and `dualbudget mutate` (budget bugs
 # planted in vLLM's scheduler: every one killed or equivalent with its reason, see
 # docs/mutate.md). Installs everything it needs (virtual environments under the repository
 # root, from the lock files under requirements/).
@@ -54,6 +56,17 @@ for version in $(vllm_releases); do
   echo "== lockstep fuzz against vLLM $version (seed 1)"
   ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 \
     --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"
+  echo "== the same fuzz on a local Ray: the same JSON as the local run, timings aside"
+  ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 --executor ray \
+    --json "out/fuzz-ray-$version.json" --out-dir "out/divergences-ray-$version"
+  ".venv-vllm-$version/bin/python" -m dualbudget.campaign.same_results \
+    "out/fuzz-$version.json" "out/fuzz-ray-$version.json"
+  echo "== dualbudget check --vllm-src on a copy of vLLM $version's Python sources"
+  src=$(mktemp -d)
+  ".venv-vllm-$version/bin/python" -m tests.vllm_trees "$src" > /dev/null
+  ".venv-vllm-$version/bin/dualbudget" check --vllm-src "$src" \
+    --out-dir "out/check-src-$version" --junit "out/check-src-$version.xml"
+  rm -rf "$src"
   echo "== steps/s of the reference and of vLLM $version (printed, not asserted)"
   ".venv-vllm-$version/bin/dualbudget" bench --json "out/bench-$version.json"
   echo "== budget bugs planted in vLLM $version's scheduler (dualbudget mutate)"

@@ -85,6 +85,11 @@ class Release:
     """With ``enable_return_routed_experts`` on, the waiting loop cuts a prefix-cache hit
     at what the routed-experts output connector holds (``max_cache_hit``: True); or the
     setting changes no scheduling decision (False)."""
+    eagle_groups_drop_without_use_eagle: bool
+    """With prefix caching on several KV groups, a group marked ``is_eagle_group`` drops
+    its last hit block whatever the drafter (True: the coordinator's ``eagle_group_ids``);
+    or only where the drafter's ``use_eagle_block_drop`` holds (False:
+    ``drop_eagle_group_ids``)."""
 
     def __hash__(self) -> int:
         # The tables are mappings: a release is known by its version.
@@ -172,6 +177,7 @@ VLLM_0_32 = Release(
     resolves_placeholders_of_sampled=False,
     caches_verified_output=False,
     caps_hits_for_routed_experts=False,
+    eagle_groups_drop_without_use_eagle=True,
 )
 VLLM_0_33 = Release(
     version="0.33",
@@ -191,6 +197,7 @@ VLLM_0_33 = Release(
     resolves_placeholders_of_sampled=True,
     caches_verified_output=True,
     caps_hits_for_routed_experts=True,
+    eagle_groups_drop_without_use_eagle=False,
 )
 
 RELEASES: dict[str, Release] = {release.version: release for release in (VLLM_0_32, VLLM_0_33)}

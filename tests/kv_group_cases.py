@@ -7,7 +7,7 @@ be fed to the live vLLM, whose scheduler is built on the same groups (the number
 
 Blocks of 4 tokens (8 where a Mamba group runs in align mode). A pool of
 ``num_gpu_blocks`` lends one fewer (block 0 is the null block). Prefix caching is off
-(the reference models it for one full-attention group only).
+but in the hybrid hit case, whose free queue is followed block by block (head first).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dualbudget.reference.events import (
+    Abort,
     AddRequest,
     DraftProposals,
     Event,
@@ -42,23 +43,35 @@ def config(
     method: str | None = None,
     k: int = 2,
     block_size: int = BLOCK_SIZE,
+    max_num_batched_tokens: int = 32,
+    enable_prefix_caching: bool = False,
 ) -> EngineConfig:
     spec = None
     if method is not None:
         spec = SpeculativeConfig.for_layout(layout_named(method), k)
     return EngineConfig(
-        max_num_batched_tokens=32,
+        max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=4,
         max_model_len=64,
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         speculative_config=spec,
         kv_groups=groups,
+        enable_prefix_caching=enable_prefix_caching,
     )
 
 
 def sample(**num_sampled: int) -> ModelOutput:
     return ModelOutput(dict(num_sampled))
+
+
+def sample_ids(**token_ids: tuple[int, ...]) -> ModelOutput:
+    """An output with prefix caching on: each request's sampled token ids."""
+    return ModelOutput({rid: len(ids) for rid, ids in token_ids.items()}, token_ids=token_ids)
+
+
+def add(request_id: str, prompt: tuple[int, ...], max_tokens: int) -> AddRequest:
+    return AddRequest(request_id, len(prompt), max_tokens, prompt_token_ids=prompt)
 
 
 @dataclass(frozen=True)
@@ -175,5 +188,109 @@ CASES: tuple[Case, ...] = (
         (AddRequest("r0", 8, 4), STEP, sample(r0=1), STEP),
         {0: ({"r0": 8}, {}, []), 1: ({"r0": 1}, {}, [])},
         {0: 13, 1: 12},
+    ),
+    Case(
+        # Window 8 (a hit needs cdiv(8 - 1, 4) = 2 contiguous blocks), prefix caching
+        # on, B = 8, 13 blocks lent: free queue [1..13]; the window group allocates
+        # first. Step 0: r0's first 8 of 16 tokens: window [1, 2], full [3, 4] (9),
+        # hashes h0, h1 cached in both groups. Step 1: 8 processed skip 1 token, no
+        # block; the next 8: window [1, 2, 5, 6], full [3, 4, 7, 8] (5), h2, h3 cached.
+        # Step 2: 16 processed skip 9 tokens: window blocks 2 then 1 go to the queue's
+        # tail, cached ([9..13, 2, 1]); token 17 takes 9 and 10 ([11, 12, 13, 2, 1]: 5).
+        # Step 3: r2 (8 new tokens) is granted the 7 left: 2 blocks a group, 11, 12 and
+        # 2 (its hash h1 of the window group evicted), 13 ([1]: 1); r2 is aborted: its
+        # uncached blocks 12 and 2 go to the head, its cached 11 and 13 to the tail
+        # ([2, 12, 1, 11, 13]). Step 4: r1 shares r0's first 8 tokens: full attention
+        # hits h0, h1 (8 tokens), the window finds h1 gone and only h0 (block 1), a run
+        # shorter than 2 counted from the first block: the hit is cut to 4 tokens. The
+        # window touches block 1, full attention block 3 (held by r0); 5 tokens, 3
+        # blocks a group: 2 new each (2, 12 and 11, 13: r2's hashes evicted) (0).
+        "a sliding window cuts full attention's prefix hit",
+        config(
+            14,
+            KVGroup("sliding_window", BLOCK_SIZE, sliding_window=8),
+            FULL,
+            max_num_batched_tokens=8,
+            enable_prefix_caching=True,
+        ),
+        (
+            add("r0", tuple(range(16)), 8),
+            STEP,
+            sample(),
+            STEP,
+            sample_ids(r0=(100,)),
+            STEP,
+            sample_ids(r0=(101,)),
+            add("r2", tuple(range(200, 208)), 4),
+            STEP,
+            sample_ids(r0=(102,)),
+            Abort("r2"),
+            add("r1", (*range(8), 50), 4),
+            STEP,
+        ),
+        {
+            0: ({"r0": 8}, {}, []),
+            1: ({"r0": 8}, {}, []),
+            2: ({"r0": 1}, {}, []),
+            3: ({"r0": 1, "r2": 7}, {}, []),
+            4: ({"r0": 1, "r1": 5}, {}, []),
+        },
+        {0: 9, 1: 5, 2: 5, 3: 1, 4: 0},
+        {"window_blocks_freed": 2, "hybrid_hit_cut": 1},
+    ),
+    Case(
+        # Window 8 beside full attention marked as the drafter's group, n-gram drafts
+        # (no block drop of their own), caching on, 39 blocks lent. Step 0: r0's 16
+        # tokens, 4 blocks a group, all cached (31). Step 1: 16 processed skip 9 tokens:
+        # the window's blocks 0 and 1 go back, cached (33); r0's 17th token takes a
+        # fifth block a group (31). r1 repeats r0's prompt and one token more: 0.32's
+        # coordinator drops the last hit block of every group marked is_eagle_group,
+        # whatever the drafter: full attention hits 4 blocks and drops one (12 tokens);
+        # the window finds 2 contiguous blocks ending there (the freed block 1, touched,
+        # and block 2): 5 tokens left, 5 blocks a group: 2 new each (31 - 1 - 4 = 26).
+        "0.32 drops the last hit block of a group marked as the drafter's",
+        config(
+            40,
+            KVGroup("sliding_window", BLOCK_SIZE, sliding_window=8),
+            KVGroup("full_attention", BLOCK_SIZE, is_eagle_group=True),
+            method="ngram",
+            enable_prefix_caching=True,
+        ),
+        (
+            add("r0", tuple(range(16)), 4),
+            STEP,
+            sample_ids(r0=(100,)),
+            add("r1", (*range(16), 50), 4),
+            STEP,
+        ),
+        {0: ({"r0": 16}, {}, []), 1: ({"r0": 1, "r1": 5}, {}, [])},
+        {0: 31, 1: 26},
+        {"window_blocks_freed": 2},
+        releases=("0.32",),
+    ),
+    Case(
+        # As above under 0.33: no group drops without the drafter's use_eagle. The hit
+        # is all 16 tokens (the window's blocks 2 and 3, held by r0): one token left,
+        # padded to 1 + K = 3 beside r0's decode; 19 slots, 5 blocks a group, one new
+        # each (29).
+        "0.33 drops no hit block for n-gram drafts on a group marked as the drafter's",
+        config(
+            40,
+            KVGroup("sliding_window", BLOCK_SIZE, sliding_window=8),
+            KVGroup("full_attention", BLOCK_SIZE, is_eagle_group=True),
+            method="ngram",
+            enable_prefix_caching=True,
+        ),
+        (
+            add("r0", tuple(range(16)), 4),
+            STEP,
+            sample_ids(r0=(100,)),
+            add("r1", (*range(16), 50), 4),
+            STEP,
+        ),
+        {0: ({"r0": 16}, {}, []), 1: ({"r0": 1, "r1": 3}, {"r1": 2}, [])},
+        {0: 31, 1: 29},
+        {"window_blocks_freed": 2},
+        releases=("0.33",),
     ),
 )

@@ -19,6 +19,7 @@ from dualbudget.integration.aims import (
     full_request_blocks,
     reserve,
 )
+from dualbudget.reference.kv_coordinator import CACHING_KINDS
 from dualbudget.spec.config import ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named
@@ -46,7 +47,10 @@ def _within(config: EngineConfig, bounds: ConfigBounds, profile: str, layout: st
     assert bounds.max_num_seqs[0] <= seqs <= bounds.max_num_seqs[1]
     assert config.enable_chunked_prefill in bounds.chunked_prefill
     assert config.scheduling_policy in bounds.policies
-    assert config.enable_prefix_caching == bounds.prefix_caching
+    if bounds.layout_caching and all(group.kind in CACHING_KINDS for group in config.groups):
+        assert config.enable_prefix_caching in (bounds.prefix_caching, True)
+    else:
+        assert config.enable_prefix_caching == bounds.prefix_caching
     need = full_request_blocks(config.max_model_len, config.block_size, config.kv_groups)
     if bounds.kv_layouts:
         drawn = [tuple(shape.at(config.block_size) for shape in kv) for kv in bounds.kv_layouts]

@@ -144,6 +144,49 @@ def test_vllm_schedules_on_each_family_layout(
     assert live.handle(ScheduleStep()) is not None
 
 
+CACHING_FAMILIES = [family for family in FAMILIES if "Mamba" not in family]
+"""The families whose prefix caching the reference models (Mamba's hits it refuses)."""
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("caching", [False, True], ids=["no-caching", "caching"])
+@pytest.mark.parametrize("family", CACHING_FAMILIES)
+def test_each_family_runs_in_lockstep(
+    family: str, caching: bool, async_scheduling: bool, profile: str
+) -> None:
+    """The reference and vLLM agree step by step on each family's groups, sync and
+    async, caching on and off: a crowd of prompts sharing a system prompt, then repeats
+    and later turns of them arriving as the pool (two requests of every group) evicts
+    the blocks of those that finished; with caching on, some are admitted on a hit."""
+    config = EngineConfig(
+        max_num_batched_tokens=24,
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=4,
+        num_gpu_blocks=len(FAMILIES[family]) * 32 + 1,
+        speculative_config=SpeculativeConfig("eagle3", 2),
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=caching,
+        kv_groups=FAMILIES[family],
+    )
+    lock = Lockstep(config, profile)
+    system = tuple(range(1000, 1012))
+    prompts = [system + tuple(range(100 * n, 100 * n + 4 + 3 * n)) for n in range(4)]
+    for prompt in prompts:
+        lock.add(len(prompt), 6 + 2 * len(prompt) % 7, prompt_token_ids=prompt)
+    for step in range(48):
+        if step % 6 == 5:
+            # A repeat of an earlier prompt, then a later turn of one.
+            earlier = prompts[step % len(prompts)]
+            again = earlier if step % 12 == 5 else (*earlier, 7, 7, 7, 7, 7)
+            lock.add(len(again), 5, prompt_token_ids=again)
+        lock.run_step(lambda rid, drafts: drafts // 2, lambda rid: 2)
+    observed = lock.reference.observed
+    assert (observed["prefix_hit"] > 0) == caching
+    if len(FAMILIES[family]) > 1:
+        assert observed["window_blocks_freed"] > 0
+
+
 def test_a_layout_vllm_refuses_is_unsupported_with_its_reason(profile: str) -> None:
     """Mamba outside align mode with prefix caching: both releases refuse it (0.32 by its
     hash block size, 0.33 by name), and the adapter passes vLLM's reason on."""
@@ -208,7 +251,9 @@ def test_a_planted_sliding_window_difference_is_found_by_the_fuzz(
             profile=profile,
             vllm_version=require_vllm(),
             examples=20,
-            seed=1,
+            # Seed 1's 20 examples reach no step where a block leaves the window a
+            # token late; seeds 2 to 4 do, in both releases.
+            seed=2,
             out_dir=tmp_path / out,
             known_findings=known_findings(),
             layouts=["eagle"],

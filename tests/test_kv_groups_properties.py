@@ -70,8 +70,14 @@ def _runs_async(profile: str, method: str | None, k: int) -> bool:
     return runs_async(spec, profile_named(profile).release)
 
 
+CACHING_FAMILIES = ("swa", "mla", "swa-mla")
+"""The families whose prefix caching the reference models."""
+
+
 @st.composite
-def scenarios(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> Scenario:
+def scenarios(
+    draw: st.DrawFn, families: tuple[str, ...] = FAMILIES, caching: bool = False
+) -> Scenario:
     profile = draw(st.sampled_from(["vllm-0.32", "vllm-0.33"]))
     method = draw(st.sampled_from(METHODS))
     k = draw(st.integers(1, 3)) if method is not None else 0
@@ -93,6 +99,8 @@ def scenarios(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> Scenario
         "async_scheduling": draw(st.booleans()) and _runs_async(profile, method, k),
         "kv_groups": groups,
     }
+    if caching:
+        cfg["enable_prefix_caching"] = True
     if method is not None:
         spec = SpeculativeConfig.for_layout(layout_named(method), k)
         cfg["speculative_config"] = {
@@ -109,6 +117,13 @@ def scenarios(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> Scenario
         }
         for i in range(draw(st.integers(1, 6)))
     ]
+    if caching:
+        # A shared prefix of each prompt (none to all of it), then ids of its own.
+        for index, request in enumerate(requests):
+            length = int(str(request["prompt_len"]))
+            shared = draw(st.integers(0, length), label="shared prefix")
+            own = range(1000 * (index + 1), 1000 * (index + 1) + length)
+            request["prompt_token_ids"] = [*range(shared), *own[: length - shared]]
     obj: dict[str, Any] = {"profile": profile, "config": cfg, "requests": requests}
     if k:
         obj["acceptance"] = {"fixed": draw(st.integers(0, k))}
@@ -130,10 +145,22 @@ class Checked:
         state = self.scheduler.state
         assert state.free_blocks >= 0
         held = 0
+        shared: set[int] = set()
         for request in state.requests.values():
             if request.kv_groups:  # one MLA group runs on the single-group manager
                 assert sum(group.num_blocks for group in request.kv_groups) == request.num_blocks
+                for group in request.kv_groups:
+                    shared.update(block for block in group.block_ids if block)
+            else:
+                shared.update(request.block_ids)
             held += request.num_blocks
+        pool = state.block_pool
+        if pool is not None:
+            # With prefix caching a hit block is held once however many requests hit it,
+            # and every held block has a reference per holder.
+            held = len(shared)
+            assert state.free_blocks == pool.num_free_blocks
+            assert all(pool.ref_cnt[block] > 0 for block in shared)
         assert state.free_blocks + held == self.scheduler.config.num_gpu_blocks - 1
         return record
 
@@ -150,20 +177,41 @@ def test_hybrid_runs_end_and_every_block_is_accounted_for(scenario: Scenario) ->
         assert request.num_blocks == 0
 
 
+@SETTINGS
+@given(scenarios(CACHING_FAMILIES, caching=True))
+def test_hybrid_caching_runs_end_and_every_block_is_accounted_for(scenario: Scenario) -> None:
+    run = ScenarioRun(scenario, max_steps=MAX_STEPS)
+    steps = sum(1 for _ in drive(run.driver, Checked(run.scheduler)))
+    assert run.stall is None, run.stall
+    assert steps < MAX_STEPS
+    pool = run.scheduler.state.block_pool
+    assert pool is not None
+    for request in run.scheduler.state.requests.values():
+        assert request.finished
+        assert request.num_blocks == 0
+    # Every block is back in the pool, and every cached one is known by its key.
+    assert pool.num_free_blocks == scenario.config.num_gpu_blocks - 1
+    assert all(
+        pool.block_hash[block] is not None for blocks in pool.cached.values() for block in blocks
+    )
+
+
 @pytest.mark.parametrize(
     ("families", "events"),
     [
         (("swa", "chunked", "swa-mla"), {"window_blocks_freed"}),
         (("mamba-align",), {"mamba_aligned_split"}),
+        (("swa", "swa-mla"), {"hybrid_hit_cut"}),
     ],
 )
 def test_the_random_layouts_reach_the_kv_group_events(
     families: tuple[str, ...], events: set[str]
 ) -> None:
     reached: set[str] = set()
+    caching = "hybrid_hit_cut" in events
 
     @settings(SETTINGS, max_examples=15)
-    @given(scenarios(families))
+    @given(scenarios(families, caching=caching))
     def collect(scenario: Scenario) -> None:
         run = ScenarioRun(scenario, max_steps=MAX_STEPS)
         for _ in drive(run.driver, run.scheduler):

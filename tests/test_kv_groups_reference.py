@@ -47,10 +47,17 @@ def _check_blocks_add_up(scheduler: Scheduler) -> None:
     coordinator keeps a table per group)."""
     state = scheduler.state
     held = 0
+    shared: set[int] = set()
     for request in state.requests.values():
         if request.kv_groups:
             assert sum(group.num_blocks for group in request.kv_groups) == request.num_blocks
         held += request.num_blocks
+        for group in request.kv_groups:
+            shared.update(block for block in group.block_ids if block)
+    if state.block_pool is not None:
+        # With prefix caching a hit block is held by every request that hit it.
+        held = len(shared)
+        assert state.free_blocks == state.block_pool.num_free_blocks
     assert state.free_blocks + held == scheduler.config.num_gpu_blocks - 1
 
 
@@ -160,10 +167,37 @@ def test_mamba_groups_share_one_cache_mode() -> None:
 @pytest.mark.parametrize(
     ("changed", "field"),
     [
-        ({"enable_prefix_caching": True}, "enable_prefix_caching"),
         (
             {"kv_groups": (KVGroup("mamba", 8, mamba_cache_mode="align"), FULL)},
             "kv_groups[0].block_size",
+        ),
+        (
+            {
+                "enable_prefix_caching": True,
+                "kv_groups": (KVGroup("mamba", 4, mamba_cache_mode="align"), FULL),
+            },
+            "kv_groups[0].kind",
+        ),
+        (
+            {
+                "enable_prefix_caching": True,
+                "kv_groups": (
+                    KVGroup("chunked_local_attention", 4, attention_chunk_size=8),
+                    FULL,
+                ),
+            },
+            "kv_groups[0].kind",
+        ),
+        (
+            {
+                "enable_prefix_caching": True,
+                "kv_groups": (SLIDING_WINDOW, KVGroup("full_attention", 8)),
+            },
+            "kv_groups[1].block_size",
+        ),
+        (
+            {"enable_prefix_caching": True, "kv_groups": (SLIDING_WINDOW, FULL, FULL)},
+            "kv_groups[2].kind",
         ),
     ],
 )

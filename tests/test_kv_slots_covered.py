@@ -1,6 +1,7 @@
 """``RequestState.kv_slots_covered``, the promise the RUNNING loop leans on to skip
 ``allocate_slots``: within it an allocation changes nothing and succeeds; ``free``
-withdraws it; the prefix-caching manager never makes it (its allocations also cache)."""
+withdraws it; the prefix-caching manager's promise also ends before the next block
+it would cache."""
 
 from __future__ import annotations
 
@@ -59,11 +60,19 @@ def test_a_decode_within_its_blocks_is_covered_and_free_withdraws_it() -> None:
     assert (state.free_blocks, request.num_blocks, request.kv_slots_covered) == (10, 0, 0)
 
 
-def test_the_prefix_caching_manager_is_always_asked() -> None:
+def test_the_prefix_caching_promise_stops_before_the_next_hashed_block() -> None:
     observed = {"hit_on_running_block": 0, "cached_block_evicted": 0}
     manager = PrefixCachingKVCacheManager(16, 1024, 0, HitRule(), observed)
     state = SchedulerState(free_blocks=9, block_pool=BlockPool.create(10))
     request = RequestState("r", prompt_len=20, max_tokens=8, block_hashes=["h0"])
     assert manager.allocate_slots(state, request, 20)
-    assert request.num_blocks == 2
+    assert (request.num_blocks, request.num_cached_blocks) == (2, 1)
+    # No hash beyond the cached block: the two blocks held cover the promise.
+    assert request.kv_slots_covered == 32
+    # A second hash arrives (block 1 complete): caching it is work the RUNNING loop
+    # must ask for, so the promise ends before that block's last token.
+    request.block_hashes = ["h0", "h1"]
+    manager._promise(request)
+    assert request.kv_slots_covered == 31
+    manager.free(state, request)
     assert request.kv_slots_covered == 0

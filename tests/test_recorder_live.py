@@ -11,10 +11,13 @@ import pytest
 from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import live_records
 from dualbudget.integration.testing import live_profile_name
+from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
 from dualbudget.reference.events import ModelOutput, StepRecord
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.scenario import Scenario, load_scenario, validate
 from dualbudget.reference.trace import VERSION, read_trace
+from dualbudget.reference.workload import preset
+from dualbudget.spec.profiles import profile_named
 
 pytestmark = pytest.mark.live
 
@@ -139,3 +142,43 @@ def test_the_recorder_follows_async_scheduling_and_reads_every_setting(
     )
     assert run.returncode == 2 and run.stderr.count("\n") == 1
     assert "recorded with watermark = 0.05" in run.stderr
+
+
+FAMILIES = [
+    d for d in DEPLOYMENTS if not d.settings and [n for n, _ in d.groups] != ["FullAttentionSpec"]
+]
+"""The families of the table whose KV groups are not one full-attention group."""
+
+
+@pytest.mark.parametrize("deployment", FAMILIES, ids=lambda d: d.family)
+def test_a_family_recorded_at_vllms_defaults_replays_as_the_table_says(
+    deployment: Deployment, profile: str, tmp_path: Path
+) -> None:
+    """A family of the deployment table, recorded from vLLM's own scheduler at its
+    defaults (its KV groups, async, prefix caching on; an EAGLE drafter of the same K for
+    MTP), replays agreeing where the table says it replays, and is refused by the
+    reference naming its layout where the table says refused."""
+    from dualbudget.integration.lockstep import DivergenceFound
+    from dualbudget.integration.scheduler_trace import deployment_config, write_scheduler_trace
+
+    release = profile_named(profile).release
+    stand_in = "eagle" if deployment.method == "mtp" else None
+    scenario = preset("chat-system-prompt").scenario(0)
+    config, notes = deployment_config(scenario.config, deployment.family, stand_in, release)
+    blocks = max(300, -(-config.max_model_len // config.block_size) * len(config.groups) + 2)
+    config = dataclasses.replace(config, num_gpu_blocks=blocks)
+    scenario = validate(dataclasses.replace(scenario, profile=profile, config=config))
+    path = tmp_path / "family.ndjson"
+    # The recorder builds vLLM's scheduler configs itself, as a scheduler-level trace
+    # does, not through the engine: the table's verdict for such a recording.
+    verdict = deployment.verdict(release.version, served=False)
+    if verdict != "replays":
+        with pytest.raises(DivergenceFound, match="validation"):
+            write_scheduler_trace(scenario, path, 30, notes)
+        return
+    assert write_scheduler_trace(scenario, path, 30, notes) == 30
+    trace = read_trace(path)
+    assert trace.header.settings["kv_cache_groups"] == [name for name, _ in deployment.groups]
+    assert trace.header.config.enable_prefix_caching and trace.header.async_scheduling
+    result = replay_trace(trace)
+    assert result.ok and result.steps_checked == 30, (result.divergence, result.violations)

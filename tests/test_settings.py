@@ -5,7 +5,9 @@ row reads it at vLLM's default; ``dualbudget settings --json`` lists every row."
 
 from __future__ import annotations
 
+import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,12 @@ BASE = TRACES / "engine-draft-model-k3-prefix.ndjson"
 """vLLM 0.32, draft model K = 3, prefix caching on: a trace written before the table
 gained its optional rows."""
 
+SLIDING = TRACES / "scheduler-async-0.33-gpt-oss-eagle3.ndjson.gz"
+"""vLLM 0.33, sliding-window and full-attention groups, prefix caching on."""
+
+BASE_OF = {"prefix_cache_retention_interval": SLIDING}
+"""Rows refused only on a layout ``BASE`` lacks: the trace each is set on instead."""
+
 OTHER_VALUE: dict[str, Any] = {
     "enable_prefix_caching": False,
     "max_num_active_seqs": 3,
@@ -35,6 +43,7 @@ OTHER_VALUE: dict[str, Any] = {
     "disable_eagle_block_drop": True,
     "disable_lookahead_block_hashes": True,
     "kv_cache_groups": ["FullAttentionSpec", "SlidingWindowSpec"],
+    "prefix_cache_retention_interval": 0,
     "enable_lora": True,
     "kv_connector": "OffloadingConnector",
     "pipeline_parallel_size": 2,
@@ -56,10 +65,13 @@ RECORDED_BY: dict[str, Release] = {"enable_return_routed_experts": CAPPING}
 """Rows whose refusal depends on the release: the one ``BASE`` is relabelled as."""
 
 
-def with_setting(tmp_path: Path, setting: Setting, value: Any) -> str:
-    """``BASE`` with ``setting`` at ``value``: in the header, or on the first request (and
-    from the release ``RECORDED_BY`` names, if any)."""
-    lines = BASE.read_text().splitlines()
+def with_setting(tmp_path: Path, setting: Setting, value: Any, base: Path | None = None) -> str:
+    """``base`` (``BASE_OF``'s trace for the row, else ``BASE``) with ``setting`` at
+    ``value``: in the header, or on the first request (and from the release
+    ``RECORDED_BY`` names, if any)."""
+    base = base or BASE_OF.get(setting.name, BASE)
+    with gzip.open(base, "rt") if base.suffix == ".gz" else base.open() as stream:
+        lines = stream.read().splitlines()
     header = json.loads(lines[0])
     if setting.name in RECORDED_BY:
         header["vllm_version"] = f"{RECORDED_BY[setting.name].version}.0"
@@ -80,6 +92,15 @@ def test_every_row_has_a_case() -> None:
     assert all(OTHER_VALUE[s.name] != s.default for s in SETTINGS)
 
 
+def test_every_row_is_read_from_a_live_vllm() -> None:
+    """The live test of the recorder (``tests/test_settings_live.py``) sets every row on
+    the objects vLLM built; a new row without a way to set it fails here too, outside the
+    vLLM environments."""
+    from tests.test_settings_live import CHANGES
+
+    assert set(CHANGES) == set(SETTING_NAMES)
+
+
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if not s.modelled], ids=lambda s: s.name)
 def test_replay_and_simulate_refuse_it_by_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: Setting
@@ -90,6 +111,40 @@ def test_replay_and_simulate_refuse_it_by_name(
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and named in err and "does not model" in err, err
+
+
+RETENTION = next(s for s in SETTINGS if s.name == "prefix_cache_retention_interval")
+
+
+@pytest.mark.parametrize("value", [0, 64])
+def test_sparse_retention_is_refused_only_with_sliding_window_caching(
+    tmp_path: Path, value: int
+) -> None:
+    """vLLM thins a sliding-window group's cached blocks at any value but None; the
+    reference caches them densely, so it replays such a trace only where no group thins."""
+    profile = profile_named("vllm-0.33")
+    dense = read_trace(with_setting(tmp_path, RETENTION, None))
+    check_settings(dense, profile)
+    sparse = read_trace(with_setting(tmp_path, RETENTION, value))
+    with pytest.raises(TraceError, match=f"prefix_cache_retention_interval = {value}"):
+        check_settings(sparse, profile)
+    uncached = replace(
+        sparse,
+        header=replace(
+            sparse.header, config=replace(sparse.header.config, enable_prefix_caching=False)
+        ),
+    )
+    check_settings(uncached, profile)
+
+
+def test_a_full_attention_trace_at_sparse_retention_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full-attention group caches every block at any retention: vLLM's engine default
+    (0) replays on such a trace as it was recorded."""
+    path = with_setting(tmp_path, RETENTION, 0, base=BASE)
+    assert read_trace(path).header.settings["prefix_cache_retention_interval"] == 0
+    assert main(["replay", path]) == 0, capsys.readouterr().err
 
 
 def test_routed_experts_replay_where_the_release_caps_no_hit(tmp_path: Path) -> None:
@@ -129,6 +184,29 @@ def test_settings_json_lists_every_row(capsys: pytest.CaptureFixture[str]) -> No
             assert row["releases"][release]["default"] == setting.default
             assert row["releases"][release]["home"] == setting.home_in(release)
     assert rows["disable_lookahead_block_hashes"]["releases"]["0.32"]["home"] is None
+
+
+DEPLOYMENT_SETTINGS = {
+    "kv_connector": "refused",
+    "pipeline_parallel_size": "refused",
+    "decode_context_parallel_size": "refused",
+    "disable_chunked_mm_input": "modelled",
+    "enable_return_routed_experts": "partly",
+    "kv_cache_groups": "partly",
+    "mm_encoder_inputs": "refused",
+    "repetition_detection": "refused",
+}
+"""Settings served deployments turn on (P/D disaggregation and KV offloading, pipeline and
+decode context parallelism, multimodal inputs, routed-experts output, hybrid KV groups,
+repetition detection), each with the status users are told."""
+
+
+def test_settings_json_gives_each_deployment_setting_its_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["settings", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["settings"]}
+    assert {name: rows[name]["status"] for name in DEPLOYMENT_SETTINGS} == DEPLOYMENT_SETTINGS
 
 
 def test_settings_text_names_every_row(capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,14 +25,15 @@ from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, val
 from dualbudget.reference.settings import (
     ENGINE_SETTINGS,
     KV_SPEC_KINDS,
-    REQUEST_SETTINGS,
     SETTINGS,
+    Setting,
     assumed_request_settings,
     first_unreplayed,
 )
 from dualbudget.reference.trace import TraceError, read_trace
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
+from dualbudget.spec.releases import release_of
 
 pytestmark = pytest.mark.live
 
@@ -55,6 +56,20 @@ def _kv_transfer(vllm_config: Any) -> None:
     )
 
 
+def _lora(vllm_config: Any) -> None:
+    from vllm.config import LoRAConfig
+
+    vllm_config.lora_config = LoRAConfig(max_loras=2)
+
+
+def _mtp_modules(vllm_config: Any) -> None:
+    # No MTP model builds on CPU: the EAGLE drafter's config, relabelled as vLLM labels
+    # an MTP drafter's, holds the field the recorder reads.
+    speculative = vllm_config.speculative_config
+    object.__setattr__(speculative, "method", "mtp")
+    speculative.draft_model_config.hf_config.num_nextn_predict_layers = 3
+
+
 def _setter(path: str, value: Any) -> Callable[[Any], None]:
     def set_it(vllm_config: Any) -> None:
         owner, _, name = path.rpartition(".")
@@ -66,97 +81,38 @@ def _setter(path: str, value: Any) -> Callable[[Any], None]:
     return set_it
 
 
-ENGINE_CHANGES: dict[str, tuple[Callable[[Any], None], Any]] = {
-    "enable_prefix_caching": (_setter("cache_config.enable_prefix_caching", False), False),
-    "max_num_active_seqs": (_setter("scheduler_config.max_num_active_seqs", 3), 3),
-    "watermark": (_setter("scheduler_config.watermark", 0.01), 0.01),
-    "scheduler_reserve_full_isl": (
-        _setter("scheduler_config.scheduler_reserve_full_isl", False),
-        False,
-    ),
-    "long_prefill_token_threshold_adaptive": (
-        _setter("scheduler_config.long_prefill_token_threshold_adaptive", True),
-        True,
-    ),
-    "prefill_schedule_interval": (_setter("scheduler_config.prefill_schedule_interval", 2), 2),
-    "num_speculative_tokens_per_batch_size": (
-        _setter("speculative_config.num_speculative_tokens_per_batch_size", [[1, 8, 2]]),
-        [[1, 8, 2]],
-    ),
-    "disable_eagle_block_drop": (
-        _setter("speculative_config.disable_eagle_block_drop", True),
-        True,
-    ),
-    "kv_connector": (_kv_transfer, "OffloadingConnector"),
-    "pipeline_parallel_size": (_setter("parallel_config.pipeline_parallel_size", 2), 2),
-    "decode_context_parallel_size": (
-        _setter("parallel_config.decode_context_parallel_size", 2),
-        2,
-    ),
-    "disable_chunked_mm_input": (_setter("scheduler_config.disable_chunked_mm_input", True), True),
-    "enable_return_routed_experts": (
-        _setter("aux_output_config.enable_return_routed_experts", True),
-        True,
-    ),
-}
-"""Per engine-scope row the recorder reads from the ``VllmConfig``: how to set it to a
-value other than vLLM's default, and the value the header must then hold."""
+@dataclasses.dataclass(frozen=True)
+class EngineChange:
+    """How to set an engine-scope row on a ``VllmConfig`` vLLM built from ``config``, and
+    the value the header must then hold."""
 
-ELSEWHERE = {
-    "num_nextn_predict_layers": "an MTP drafter's hf_config: no MTP model builds on CPU",
-    "disable_lookahead_block_hashes": "0.33's speculative_config only: set below per release",
-    "kv_cache_groups": "the KVCacheConfig, not the VllmConfig: HYBRID below",
-    "enable_lora": "lora_config is a whole LoRAConfig: set below",
-}
+    change: Callable[[Any], None]
+    value: Any
+    config: EngineConfig = CONFIG
 
 
-@pytest.fixture(scope="module")
-def live() -> Any:
-    from dualbudget.integration.live import LiveScheduler
+@dataclasses.dataclass(frozen=True)
+class RequestChange:
+    """A ``Request`` holding a request-scope row at a value other than vLLM's default."""
 
-    return LiveScheduler(CONFIG)
-
-
-def test_every_engine_row_is_read_here() -> None:
-    assert set(ENGINE_CHANGES) | set(ELSEWHERE) == set(ENGINE_SETTINGS)
+    request: Callable[[], Any]
 
 
-def test_at_vllms_defaults_the_recorder_reads_the_defaults(live: Any) -> None:
-    from dualbudget.integration.recorder import settings_of
+@dataclasses.dataclass(frozen=True)
+class GroupsChange:
+    """A live scheduler built on the KV groups ``config`` names, and the spec classes the
+    header must then hold."""
 
-    values = settings_of(live.vllm_config, live.kv_cache_config)
-    for setting in SETTINGS:
-        if setting.scope == "engine" and setting.name != "enable_prefix_caching":
-            assert values[setting.name] == setting.default, setting.name
-
-
-@pytest.mark.parametrize("name", sorted(ENGINE_CHANGES))
-def test_the_recorder_reads_each_engine_row(live: Any, name: str) -> None:
-    from dualbudget.integration.live import build_vllm_config
-    from dualbudget.integration.recorder import settings_of
-
-    vllm_config, _ = build_vllm_config(CONFIG)
-    change, wanted = ENGINE_CHANGES[name]
-    change(vllm_config)
-    assert settings_of(vllm_config, live.kv_cache_config)[name] == wanted
+    config: EngineConfig
+    value: Any
 
 
-def test_the_recorder_reads_lora_and_the_lookahead_switch(live: Any) -> None:
-    from vllm.config import LoRAConfig
+@dataclasses.dataclass(frozen=True)
+class KVCacheChange:
+    """The live ``KVCacheConfig`` with a row at ``value``, as vLLM's engine sets it from
+    its cache config."""
 
-    from dualbudget.integration.live import build_vllm_config
-    from dualbudget.integration.recorder import settings_of
-
-    vllm_config, _ = build_vllm_config(CONFIG)
-    vllm_config.lora_config = LoRAConfig(max_loras=2)
-    speculative = vllm_config.speculative_config
-    has_switch = hasattr(speculative, "disable_lookahead_block_hashes")
-    assert has_switch == (not live.version.startswith("0.32"))
-    if has_switch:
-        object.__setattr__(speculative, "disable_lookahead_block_hashes", True)
-    values = settings_of(vllm_config, live.kv_cache_config)
-    assert values["enable_lora"] is True
-    assert values["disable_lookahead_block_hashes"] is has_switch
+    value: Any
 
 
 def _request(**sampling: Any) -> Any:
@@ -171,31 +127,160 @@ def _request(**sampling: Any) -> Any:
     )
 
 
-def test_the_recorder_reads_each_request_row() -> None:
-    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
-    from vllm.sampling_params import RepetitionDetectionParams, StructuredOutputsParams
+def _structured() -> Any:
+    from vllm.sampling_params import StructuredOutputsParams
 
-    from dualbudget.integration.recorder import request_settings_of
+    return _request(structured_outputs=StructuredOutputsParams(json={}))
 
-    assert request_settings_of(_request()) == assumed_request_settings()
+
+def _repeating() -> Any:
+    from vllm.sampling_params import RepetitionDetectionParams
+
     repeated = RepetitionDetectionParams(max_pattern_size=4, min_pattern_size=1, min_count=3)
-    changed = {
-        "structured_outputs": _request(structured_outputs=StructuredOutputsParams(json={})),
-        "skip_reading_prefix_cache": _request(prompt_logprobs=1),
-        "repetition_detection": _request(repetition_detection=repeated),
-        "mm_encoder_inputs": _request(),
-    }
-    changed["mm_encoder_inputs"].mm_features = [
+    return _request(repetition_detection=repeated)
+
+
+def _with_image() -> Any:
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    request = _request()
+    request.mm_features = [
         MultiModalFeatureSpec(
-            data=None,
-            modality="image",
-            identifier="i",
-            mm_position=PlaceholderRange(offset=0, length=2),
+            data=None, modality="image", identifier="i", mm_position=PlaceholderRange(0, 2)
         )
     ]
-    assert set(changed) == set(REQUEST_SETTINGS)
-    for name, request in changed.items():
-        assert request_settings_of(request)[name] is True, name
+    return request
+
+
+EAGLE = dataclasses.replace(CONFIG, speculative_config=SpeculativeConfig("eagle", 2))
+
+CHANGES: dict[str, EngineChange | RequestChange | GroupsChange | KVCacheChange] = {
+    "enable_prefix_caching": EngineChange(
+        _setter("cache_config.enable_prefix_caching", False), False
+    ),
+    "max_num_active_seqs": EngineChange(_setter("scheduler_config.max_num_active_seqs", 3), 3),
+    "watermark": EngineChange(_setter("scheduler_config.watermark", 0.01), 0.01),
+    "scheduler_reserve_full_isl": EngineChange(
+        _setter("scheduler_config.scheduler_reserve_full_isl", False), False
+    ),
+    "long_prefill_token_threshold_adaptive": EngineChange(
+        _setter("scheduler_config.long_prefill_token_threshold_adaptive", True), True
+    ),
+    "prefill_schedule_interval": EngineChange(
+        _setter("scheduler_config.prefill_schedule_interval", 2), 2
+    ),
+    "num_speculative_tokens_per_batch_size": EngineChange(
+        _setter("speculative_config.num_speculative_tokens_per_batch_size", [[1, 8, 2]]),
+        [[1, 8, 2]],
+    ),
+    "num_nextn_predict_layers": EngineChange(_mtp_modules, 3, EAGLE),
+    "disable_eagle_block_drop": EngineChange(
+        _setter("speculative_config.disable_eagle_block_drop", True), True, EAGLE
+    ),
+    "disable_lookahead_block_hashes": EngineChange(
+        _setter("speculative_config.disable_lookahead_block_hashes", True), True, EAGLE
+    ),
+    "kv_cache_groups": GroupsChange(
+        dataclasses.replace(
+            CONFIG,
+            num_gpu_blocks=64,
+            kv_groups=(
+                KVGroup("sliding_window", 16, sliding_window=32),
+                KVGroup("full_attention", 16),
+            ),
+        ),
+        ["SlidingWindowSpec", "FullAttentionSpec"],
+    ),
+    "prefix_cache_retention_interval": KVCacheChange(0),
+    "enable_lora": EngineChange(_lora, True),
+    "kv_connector": EngineChange(_kv_transfer, "OffloadingConnector"),
+    "pipeline_parallel_size": EngineChange(_setter("parallel_config.pipeline_parallel_size", 2), 2),
+    "decode_context_parallel_size": EngineChange(
+        _setter("parallel_config.decode_context_parallel_size", 2), 2
+    ),
+    "disable_chunked_mm_input": EngineChange(
+        _setter("scheduler_config.disable_chunked_mm_input", True), True
+    ),
+    "enable_return_routed_experts": EngineChange(
+        _setter("aux_output_config.enable_return_routed_experts", True), True
+    ),
+    "structured_outputs": RequestChange(_structured),
+    "skip_reading_prefix_cache": RequestChange(lambda: _request(prompt_logprobs=1)),
+    "mm_encoder_inputs": RequestChange(_with_image),
+    "repetition_detection": RequestChange(_repeating),
+}
+"""Per row of the table, how a live vLLM holds it at a value other than its default. A
+row missing here fails its test below."""
+
+
+@pytest.fixture(scope="module")
+def live() -> Any:
+    from dualbudget.integration.live import LiveScheduler
+
+    return LiveScheduler(CONFIG)
+
+
+def test_at_vllms_defaults_the_recorder_reads_the_defaults(live: Any) -> None:
+    from dualbudget.integration.recorder import request_settings_of, settings_of
+
+    values = settings_of(live.vllm_config, live.kv_cache_config)
+    for setting in SETTINGS:
+        if setting.scope == "engine" and setting.name != "enable_prefix_caching":
+            assert values[setting.name] == setting.default, setting.name
+    assert request_settings_of(_request()) == assumed_request_settings()
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_the_recorder_reads_each_row_from_vllm(live: Any, setting: Setting) -> None:
+    """Every row of the table, set away from vLLM's default on the objects vLLM built,
+    is what the recorder writes; a row the release's vLLM lacks (``home_in`` None) has no
+    field to set and is written at the default."""
+    from dualbudget.integration.live import LiveScheduler, build_vllm_config
+    from dualbudget.integration.recorder import request_settings_of, settings_of
+
+    change = CHANGES[setting.name]
+    release = release_of(live.version)
+    assert release is not None
+    read: Any
+    wanted = change.value if not isinstance(change, RequestChange) else True
+    if isinstance(change, RequestChange):
+        read = request_settings_of(change.request())[setting.name]
+    elif isinstance(change, GroupsChange):
+        built = LiveScheduler(change.config)
+        read = settings_of(built.vllm_config, built.kv_cache_config)[setting.name]
+    elif isinstance(change, KVCacheChange):
+        kv_cache_config = dataclasses.replace(live.kv_cache_config, **{setting.name: change.value})
+        read = settings_of(live.vllm_config, kv_cache_config)[setting.name]
+    else:
+        vllm_config, _ = build_vllm_config(change.config)
+        if setting.home_in(release.version) is None:
+            owner, _, field = setting.home.partition(" ")[0].rpartition(".")
+            held = vllm_config
+            for part in owner.split("."):
+                held = getattr(held, part)
+            assert not hasattr(held, field), f"vLLM {live.version} has {setting.home}"
+            wanted = setting.default
+        else:
+            change.change(vllm_config)
+        read = settings_of(vllm_config, live.kv_cache_config)[setting.name]
+    assert read == wanted
+    if setting.home_in(release.version) is not None:
+        assert read != setting.default
+
+
+def test_the_engine_retains_sparsely_and_the_lockstep_densely(live: Any) -> None:
+    """vLLM's engine copies ``cache_config.prefix_cache_retention_interval`` (default 0,
+    sparse) into its ``KVCacheConfig``; the scheduler the lockstep builds runs None
+    (dense), the only retention the reference models, and the recorder writes which."""
+    from dualbudget.integration.recorder import settings_of
+
+    assert live.vllm_config.cache_config.prefix_cache_retention_interval == 0
+    assert live.kv_cache_config.prefix_cache_retention_interval is None
+    assert live.scheduler.kv_cache_manager.coordinator.retention_interval is None
+    assert (
+        settings_of(live.vllm_config, live.kv_cache_config)["prefix_cache_retention_interval"]
+        is None
+    )
 
 
 def test_a_recorded_trace_is_refused_naming_a_request_row(tmp_path: Path) -> None:

@@ -1,0 +1,384 @@
+"""The hybrid coordinator with prefix caching: several KV groups, one block pool that
+knows each group's cached blocks by (hash, group).
+
+Mirrors ``HybridKVCacheCoordinator`` (and ``UnitaryKVCacheCoordinator`` for one group of
+another kind: its own search alone) with ``enable_caching``, for groups of one block
+size (the scheduler's and the hash's block size are then that size, so hits land on
+every block boundary and no group's retention mask drops a block):
+
+- a hit is the fixed point across groups (``find_longest_cache_hit``): full attention
+  (MLA alike) first, its longest run of cached blocks from the left; then a sliding
+  window from the right, the ``cdiv(sliding_window - 1, block_size)`` contiguous blocks
+  its window reads ending at the hit, the blocks before them null; each group the
+  others' hit cuts (``hybrid_hit_cut`` where one group's own hit is longer than the
+  final one), full attention trimmed to the final hit;
+- a group drops its last hit block where the release's ``use_eagle`` flags it (the
+  group's ``is_eagle_group``, or every group where none is flagged), matching one block
+  more first;
+- a hit's blocks are touched group by group, the blocks the window skips left null;
+  each group caches its full blocks under its own key, frees what its window skips
+  (unhashed blocks to the free queue's head, cached ones to its tail) and, when the
+  request ends, its blocks last first, group after group.
+
+Kinds whose hit rules are not modelled with caching (Mamba, chunked local attention),
+groups of different block sizes and two groups of one kind are refused by
+``kv_coordinator`` before a manager is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .events import AddRequest, ModelOutput
+from .kv import NO_HIT, PrefixCachingKVCacheManager, cdiv
+from .kv_hybrid import HybridKVCacheManager
+from .kv_single_type import FullAttentionManager, SlidingWindowManager
+from .prefix_cache import BlockPool
+from .state import GroupBlocks, RequestState, SchedulerState
+from .violations import UnmirroredVllmCrash
+
+NULL_BLOCK = 0
+"""``BlockPool.null_block``'s id: the place of a freed or skipped block."""
+
+
+def group_key(block_hash: str, group: int) -> str:
+    """``make_block_hash_with_group_id``: one pool keeps every group's cached blocks."""
+    return f"{block_hash}@{group}"
+
+
+@dataclass(frozen=True, slots=True)
+class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
+    """``HybridKVCacheManager`` with ``enable_caching``, its groups' blocks in
+    ``state.block_pool`` by id (``GroupBlocks.block_ids``); ``state.free_blocks`` is the
+    free queue's length and ``request.num_blocks`` the real blocks of every group."""
+
+    hashing: PrefixCachingKVCacheManager | None = None
+    """The requests' block hashes (one chain: every group's block size is the hash's)."""
+    drop_groups: tuple[bool, ...] = ()
+    """Per group, whether its hit drops the last block (the coordinator's
+    ``drop_eagle_group_ids`` in 0.33, ``eagle_group_ids`` in 0.32)."""
+    lookup_order: tuple[int, ...] = ()
+    """The groups in ``verify_and_split_kv_cache_groups``' order: full attention first."""
+    pending_cuts: dict[str, int] = field(default_factory=dict)
+    """Tokens the other groups cut off a request's longest single-group hit, from its
+    last lookup, counted as ``hybrid_hit_cut`` once the request is admitted."""
+
+    enable_caching: ClassVar[bool] = True
+
+    # -- hashes ------------------------------------------------------------------------
+    def _hashing(self) -> PrefixCachingKVCacheManager:
+        assert self.hashing is not None
+        return self.hashing
+
+    def add_request(self, request: RequestState, event: AddRequest) -> None:
+        """An empty block table in every group, and the request's block hashes."""
+        request.kv_groups = [GroupBlocks() for _ in self.groups]
+        self._hashing().add_request(request, event)
+
+    def check_output(self, state: SchedulerState, event: ModelOutput) -> None:
+        self._hashing().check_output(state, event)
+
+    def append_output(self, request: RequestState, event: ModelOutput, appended: int) -> None:
+        self._hashing().append_output(request, event, appended)
+
+    @staticmethod
+    def pool(state: SchedulerState) -> BlockPool:
+        pool = state.block_pool
+        assert pool is not None, "prefix caching runs on a state with a block pool"
+        return pool
+
+    # -- hits --------------------------------------------------------------------------
+    def get_computed_blocks(
+        self, state: SchedulerState, request: RequestState
+    ) -> tuple[tuple[int, ...], int]:
+        """``find_longest_cache_hit`` within ``num_tokens - 1``: every group's hit blocks,
+        group after group (each ``tokens // block_size`` long), and the tokens hit."""
+        pool, block_size = self.pool(state), self.block_size
+        hashes = request.block_hashes or ()
+        num_groups = len(self.groups)
+        hit_length = request.num_tokens - 1
+        if num_groups == 1:
+            # UnitaryKVCacheCoordinator: the group's own search, no margin for the drop.
+            found, length = self._find(pool, hashes, 0, hit_length, self.drop_groups[0])
+            return (tuple(found), length) if length > 0 else (NO_HIT, 0)
+        longest = 0
+        blocks_by_group: list[list[int] | None] = [None] * num_groups
+        length_by_group = [0] * num_groups
+        order = self.lookup_order
+        simple = len(order) == 2 and self._is_full(order[0])
+        eagle_verified: set[int] = set()
+        while True:
+            current = hit_length
+            for index, group in enumerate(order):
+                if self._is_full(group) and blocks_by_group[group] is not None:
+                    # Full attention is downward-closed: its hit only shrinks.
+                    current = min(current, length_by_group[group])
+                    continue
+                drop = self.drop_groups[group] and index not in eagle_verified
+                max_length = current
+                if drop:
+                    # Match one block more, then drop it: back at the candidate length.
+                    max_length = min(current + block_size, len(hashes) * block_size)
+                found, length = self._find(pool, hashes, group, max_length, drop)
+                if drop:
+                    eagle_verified.add(index)
+                elif length < current:
+                    eagle_verified.clear()
+                current = length
+                blocks_by_group[group] = found
+                length_by_group[group] = length
+                longest = max(longest, current)
+            if current >= hit_length:
+                break
+            hit_length = current
+            if simple:
+                break
+        num_blocks = cdiv(hit_length, block_size)
+        hit: list[int] = []
+        for group, group_hit in enumerate(blocks_by_group):
+            found = group_hit or []
+            if self._is_full(group):
+                del found[num_blocks:]
+            hit += found
+        if longest > hit_length:
+            self.pending_cuts[request.request_id] = longest - hit_length
+        else:
+            self.pending_cuts.pop(request.request_id, None)
+        if hit_length <= 0:
+            return NO_HIT, 0
+        return tuple(hit), hit_length
+
+    def _is_full(self, group: int) -> bool:
+        return type(self.groups[group]) is FullAttentionManager
+
+    def _find(
+        self,
+        pool: BlockPool,
+        hashes: list[str] | tuple[()],
+        group: int,
+        max_length: int,
+        drop: bool,
+    ) -> tuple[list[int], int]:
+        """The group's own ``find_longest_cache_hit`` (blocks, tokens) within
+        ``max_length`` tokens."""
+        manager, block_size = self.groups[group], self.block_size
+        max_blocks = max_length // block_size
+        if isinstance(manager, SlidingWindowManager):
+            # From the right: the window's contiguous blocks (one more where the last
+            # is dropped) ending at the hit; those before it are never read.
+            need = cdiv(manager.sliding_window - 1, block_size) + (1 if drop else 0)
+            found = [NULL_BLOCK] * max_blocks
+            run = 0
+            matched = False
+            for index in range(max_blocks - 1, -1, -1):
+                block = pool.get_cached_block(group_key(hashes[index], group))
+                if block is None:
+                    run = 0
+                    continue
+                found[index] = block
+                run += 1
+                if run >= need:
+                    del found[index + run :]
+                    matched = True
+                    break
+            if not matched:
+                del found[run:]
+            if drop and found:
+                found.pop()
+            return found, len(found) * block_size
+        hit: list[int] = []
+        for index in range(max_blocks):
+            block = pool.get_cached_block(group_key(hashes[index], group))
+            if block is None:
+                break
+            hit.append(block)
+        length = len(hit) * block_size
+        if drop and length > 0:
+            length -= block_size
+            hit.pop()
+        return hit, length
+
+    def _split_hit(self, hit: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The flat hit of ``get_computed_blocks``, per group."""
+        if not hit:
+            return [() for _ in self.groups]
+        size = len(hit) // len(self.groups)
+        return [hit[index * size : (index + 1) * size] for index in range(len(self.groups))]
+
+    # -- allocation ----------------------------------------------------------------------
+    def _num_blocks_to_allocate(
+        self,
+        pool: BlockPool,
+        group: FullAttentionManager,
+        blocks: GroupBlocks,
+        hit: tuple[int, ...],
+        num_tokens: int,
+        total_computed_tokens: int,
+        admission: bool,
+    ) -> int:
+        """``SingleTypeKVCacheManager.get_num_blocks_to_allocate``: a running request
+        (in ``num_cached_block``) asks the blocks past its table; any other the blocks
+        past its table, its hit and the skipped blocks, plus the hit blocks a touch
+        takes off the free queue."""
+        required = cdiv(num_tokens, group.block_size)
+        cap = group.admission_cap
+        if admission and cap is not None and cap < required:
+            required = cap
+        held = len(blocks.block_ids)
+        if blocks.num_cached_blocks >= 0:
+            return max(required - held, 0)
+        skipped = group.num_skipped_tokens(total_computed_tokens) // group.block_size
+        num_new = max(required - max(skipped, len(hit) + held), 0)
+        touched = hit[max(0, skipped - held) :]
+        return num_new + sum(1 for block in touched if block and pool.ref_cnt[block] == 0)
+
+    def full_sequence_fits(
+        self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
+    ) -> bool:
+        """The ``full_sequence_must_fit`` gate: every group's blocks for the whole
+        sequence (a recycling group's capped at its admission bound), its hit counted
+        as held and its free blocks as taken, summed."""
+        pool = self.pool(state)
+        hits = self._split_hit(hit)
+        hit_tokens = len(hits[0]) * self.block_size
+        total_computed = min(request.num_computed_tokens + hit_tokens, self.max_model_len)
+        full = min(request.num_tokens, self.max_model_len)
+        wanted = sum(
+            self._num_blocks_to_allocate(pool, group, blocks, group_hit, full, total_computed, True)
+            for group, blocks, group_hit in zip(self.groups, request.kv_groups, hits, strict=True)
+        )
+        return wanted <= state.free_blocks
+
+    def allocate_slots(
+        self,
+        state: SchedulerState,
+        request: RequestState,
+        num_new_tokens: int,
+        hit: tuple[int, ...] = NO_HIT,
+    ) -> bool:
+        """``KVCacheManager.allocate_slots``: free what every group skips, count (the hit
+        held, its free blocks taken); then touch the hit, hand out each group's new
+        blocks and cache every group's full blocks of the tokens computed by the end of
+        the step."""
+        pool = self.pool(state)
+        hits = self._split_hit(hit)
+        num_local_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        total_computed = min(num_local_computed, self.max_model_len)
+        main = total_computed + num_new_tokens
+        need_slot = min(main + self.num_lookahead_tokens, self.max_model_len)
+        self.remove_skipped_blocks(
+            state, request, max(0, total_computed - request.num_in_flight_tokens)
+        )
+        groups = list(zip(self.groups, request.kv_groups, hits, strict=True))
+        wanted = sum(
+            self._num_blocks_to_allocate(
+                pool, group, blocks, group_hit, need_slot, num_local_computed, False
+            )
+            for group, blocks, group_hit in groups
+        )
+        if wanted > state.free_blocks:
+            return False
+        if any(hits) and all(blocks.num_cached_blocks < 0 for _, blocks, _ in groups):
+            # allocate_new_computed_blocks: every group's hit is touched before any
+            # group takes new blocks, so no group evicts another's hit.
+            for group, blocks, group_hit in groups:
+                self._add_hit(pool, group, blocks, group_hit, num_local_computed)
+        taken = 0
+        for group, blocks, _ in groups:
+            num_new = cdiv(need_slot, group.block_size) - len(blocks.block_ids)
+            if num_new <= 0:
+                continue
+            if num_new > pool.num_free_blocks:
+                raise UnmirroredVllmCrash(
+                    f"vLLM's BlockPool.get_new_blocks fails: request {request.request_id!r}'s"
+                    f" groups take more than the {pool.num_free_blocks} free blocks,"
+                    f" counted {wanted}"
+                )
+            new_blocks, evicted = pool.get_new_blocks(num_new)
+            self.observed["cached_block_evicted"] += evicted
+            blocks.block_ids += new_blocks
+            taken += num_new
+        # Real blocks: every place but the null block's (counted in C: every running
+        # request of every step passes here).
+        request.num_blocks = sum(
+            len(blocks.block_ids) - blocks.block_ids.count(NULL_BLOCK)
+            for blocks in request.kv_groups
+        )
+        state.free_blocks = pool.num_free_blocks
+        cut = self.pending_cuts.pop(request.request_id, 0)
+        if cut:
+            self.observed["hybrid_hit_cut"] += 1
+        self.cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
+        return True
+
+    def _add_hit(
+        self,
+        pool: BlockPool,
+        group: FullAttentionManager,
+        blocks: GroupBlocks,
+        hit: tuple[int, ...],
+        num_local_computed: int,
+    ) -> None:
+        """``add_local_computed_blocks``: the blocks the window skips stay null, the rest
+        are touched; every place is cached already."""
+        skipped = group.num_skipped_tokens(num_local_computed) // group.block_size
+        kept = [block for block in hit[skipped:] if block]
+        self.observed["hit_on_running_block"] += pool.touch(kept)
+        blocks.block_ids = [NULL_BLOCK] * skipped + list(hit[skipped:])
+        blocks.num_cached_blocks = len(blocks.block_ids)
+
+    def remove_skipped_blocks(
+        self, state: SchedulerState, request: RequestState, processed_computed_tokens: int
+    ) -> None:
+        """``remove_skipped_blocks``: each group frees, last first back to the first null
+        place, the blocks attention no longer reads."""
+        pool = self.pool(state)
+        for group, blocks in zip(self.groups, request.kv_groups, strict=True):
+            skipped_tokens = group.num_skipped_tokens(processed_computed_tokens)
+            if skipped_tokens <= 0:
+                continue
+            ids = blocks.block_ids
+            freed: list[int] = []
+            for index in range(min(skipped_tokens // group.block_size, len(ids)) - 1, -1, -1):
+                if not ids[index]:
+                    break
+                freed.append(ids[index])
+                ids[index] = NULL_BLOCK
+            if freed:
+                pool.free_blocks(freed)
+                request.num_blocks -= len(freed)
+                if group.recycles_window:
+                    self.observed["window_blocks_freed"] += len(freed)
+        state.free_blocks = pool.num_free_blocks
+
+    def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
+        """The coordinator's ``cache_blocks``: each group's full blocks of the first
+        ``num_tokens`` tokens (as far as the request has hashes) get its key; null
+        places are skipped."""
+        pool = self.pool(state)
+        hashes = request.block_hashes or ()
+        for index, (group, blocks) in enumerate(zip(self.groups, request.kv_groups, strict=True)):
+            num_cached = max(blocks.num_cached_blocks, 0)
+            num_full = min(num_tokens, len(hashes) * self.block_size) // group.block_size
+            if num_cached >= num_full:
+                continue
+            # A table shorter than the full blocks caches what it has (vLLM's slice).
+            for place in range(num_cached, min(num_full, len(blocks.block_ids))):
+                block = blocks.block_ids[place]
+                if block and pool.block_hash[block] is None:
+                    key = group_key(hashes[place], index)
+                    pool.block_hash[block] = key
+                    pool.cached.setdefault(key, []).append(block)
+            blocks.num_cached_blocks = num_full
+
+    def free(self, state: SchedulerState, request: RequestState) -> None:
+        """``free``: group after group, its real blocks last first."""
+        pool = self.pool(state)
+        for blocks in request.kv_groups:
+            pool.free_blocks(reversed([block for block in blocks.block_ids if block]))
+        self.pending_cuts.pop(request.request_id, None)
+        request.num_blocks = 0
+        request.kv_slots_covered = 0
+        request.kv_groups = [GroupBlocks() for _ in self.groups]
+        state.free_blocks = pool.num_free_blocks
