@@ -357,46 +357,44 @@ def run_fuzz(
                 f" {result.warm_up_seconds:.1f}s, not counted in the time of the fuzz"
             )
         start = time.monotonic()
+
+        def plans_of(
+            unit_seed: int, deadline_of: Callable[[int, int], float | None]
+        ) -> list[UnitPlan]:
+            """The units of one seed; ``deadline_of(index, count)``: unit ``index``'s."""
+            units = shares(examples, layouts)
+            return [
+                UnitPlan(
+                    index=index,
+                    profile=profile,
+                    layout=layout,
+                    aim=aim,
+                    examples=count,
+                    seed=unit_seed,
+                    out_dir=str(out_dir),
+                    known_findings=known_findings,
+                    scheduler_cls=scheduler_cls,
+                    monitor_only=monitor_only,
+                    deadline=deadline_of(index, len(units)),
+                )
+                for index, (layout, aim, count) in enumerate(units)
+            ]
+
         if budget_seconds is not None and kept is not None:
-
-            def plans_of(unit_seed: int, deadline: float) -> list[UnitPlan]:
-                return [
-                    UnitPlan(
-                        index=index,
-                        profile=profile,
-                        layout=layout,
-                        aim=aim,
-                        examples=count,
-                        seed=unit_seed,
-                        out_dir=str(out_dir),
-                        known_findings=known_findings,
-                        scheduler_cls=scheduler_cls,
-                        monitor_only=monitor_only,
-                        deadline=deadline,
-                    )
-                    for index, (layout, aim, count) in enumerate(shares(examples, layouts))
-                ]
-
             return draw_for(
-                budget_seconds, plans_of, seed, executor, kept, result, layouts, progress
+                budget_seconds,
+                lambda unit_seed, deadline: plans_of(unit_seed, lambda _, __: deadline),
+                seed,
+                executor,
+                kept,
+                result,
+                layouts,
+                progress,
             )
-        units = shares(examples, layouts)
-        plans = [
-            UnitPlan(
-                index=index,
-                profile=profile,
-                layout=layout,
-                aim=aim,
-                examples=count,
-                seed=seed,
-                out_dir=str(out_dir),
-                known_findings=known_findings,
-                scheduler_cls=scheduler_cls,
-                monitor_only=monitor_only,
-                deadline=start + max_seconds * (index + 1) / len(units) if max_seconds else None,
-            )
-            for index, (layout, aim, count) in enumerate(units)
-        ]
+        plans = plans_of(
+            seed,
+            lambda index, count: start + max_seconds * (index + 1) / count if max_seconds else None,
+        )
         _run_plans(plans, executor, kept, result, progress, start)
         planned = {(plan.layout, plan.aim): plan for plan in plans}
         for top_up_round in range(1, top_up_rounds + 1):
