@@ -57,8 +57,9 @@ for version in $(vllm_releases); do
   ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 \
     --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"
   echo "== the same fuzz on a local Ray: the same JSON as the local run, timings aside"
+  # One --out-dir for both: the scenario files' paths are part of the JSON compared.
   ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 --executor ray \
-    --json "out/fuzz-ray-$version.json" --out-dir "out/divergences-ray-$version"
+    --json "out/fuzz-ray-$version.json" --out-dir "out/divergences-$version"
   ".venv-vllm-$version/bin/python" -m dualbudget.campaign.same_results \
     "out/fuzz-$version.json" "out/fuzz-ray-$version.json"
   echo "== dualbudget check --vllm-src on a copy of vLLM $version's Python sources"
