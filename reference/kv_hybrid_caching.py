@@ -82,11 +82,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     def append_output(self, request: RequestState, event: ModelOutput, appended: int) -> None:
         self._hashing().append_output(request, event, appended)
 
-    @staticmethod
-    def pool(state: SchedulerState) -> BlockPool:
-        pool = state.block_pool
-        assert pool is not None, "prefix caching runs on a state with a block pool"
-        return pool
+    # The one shared pool, reached as the single-group caching manager reaches it.
+    pool = staticmethod(PrefixCachingKVCacheManager.pool)
 
     # -- hits --------------------------------------------------------------------------
     def get_computed_blocks(
