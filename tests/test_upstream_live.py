@@ -6,6 +6,7 @@ proposes (so it tests the contract, not a recorded outcome)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,24 @@ def test_upstream_tests_fail_as_predicted_and_pass_on_the_split_draft_budget(
     assert {t["test"] for t in written["tests"]} == {
         t["test"] for t in tests if t["finding"].startswith("crash/")
     }
+
+    # The crash tests on a tree whose scheduler keeps a padded request whole: each passes
+    # there, so it tests vLLM's assertion, not the recorded failure.
+    crashes = tmp_path / "crash-tests"
+    crashes.mkdir()
+    for t in tests:
+        if t["finding"].startswith("crash/"):
+            shutil.copy(out / t["file"], crashes / t["file"])
+    assert list(crashes.iterdir()), f"vLLM {version}: no crash exhibited"
+    fixed = vllm_trees.padding_kept_tree(
+        tmp_path / "padding-kept", vllm_trees.development_version(version)
+    )
+    ran = vllm_trees.run_in_tree(
+        fixed,
+        "import json\n"
+        "from pathlib import Path\n"
+        "from dualbudget.integration.upstream import run_pytest\n"
+        f"got = run_pytest(Path({str(crashes)!r}), Path({str(tmp_path / 'crash.xml')!r}))\n"
+        "print(json.dumps({k: v.outcome for k, v in got.items()}))\n",
+    )
+    assert ran == {t["test"]: "passed" for t in written["tests"]}, ran

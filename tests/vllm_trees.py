@@ -287,6 +287,41 @@ class ForgottenSlotRefund(ast.NodeTransformer):
         return node
 
 
+class PaddingKeptWhole(ast.NodeTransformer):
+    """A crash fixed: ``long_prefill_token_threshold`` no longer cuts a spec-decode request
+    ``Scheduler.schedule`` has just padded to 1 + K rows (the padded rows are speculative
+    positions, not prefill), so vLLM's assertion that a padded request keeps 1 + K rows
+    holds. Only the threshold's cut after the padding (the waiting loop's) changes."""
+
+    def __init__(self) -> None:
+        self.changed = 0
+        self.padded = False
+
+    def visit_Assign(self, node: ast.Assign) -> ast.Assign:
+        if (
+            len(node.targets) == 1
+            and _name(node.targets[0], "pad_spec_decode")
+            and isinstance(node.value, ast.Constant)
+            and node.value.value is True
+        ):
+            self.padded = True
+        return node
+
+    def visit_If(self, node: ast.If) -> ast.If:
+        test = node.test
+        if (
+            self.padded
+            and isinstance(test, ast.Compare)
+            and len(test.comparators) == 2
+            and _name(test.comparators[0], "long_prefill_token_threshold")
+        ):
+            self.changed += 1
+            self.padded = False
+            node.test = ast.BoolOp(ast.And(), [_expr("not pad_spec_decode"), test])
+        self.generic_visit(node)
+        return node
+
+
 CONFIG_MODULE = "config/vllm.py"
 
 
@@ -302,6 +337,13 @@ def dspark_query_budget_tree(dest: Path, version: str) -> Path:
     """The installed sources as vllm-project/vllm#52996 proposes them."""
     tree = copy_installed_sources(dest, version)
     assert transform(tree, SCHEDULER_MODULE, SplitBudget(DSPARK_QUERY_TERMS)) >= 9
+    return tree
+
+
+def padding_kept_tree(dest: Path, version: str) -> Path:
+    """The installed sources with the padded-decode crash fixed (``PaddingKeptWhole``)."""
+    tree = copy_installed_sources(dest, version)
+    assert transform(tree, SCHEDULER_MODULE, PaddingKeptWhole()) == 1
     return tree
 
 
