@@ -30,7 +30,7 @@ from hypothesis.stateful import initialize
 
 from dualbudget.reference.kv import cdiv
 from dualbudget.reference.kv_coordinator import CACHING_KINDS
-from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
+from dualbudget.spec.config import RETENTION_KINDS, EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import profile_named
@@ -303,10 +303,18 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
         layout_shape = _one_of(draw, bounds.kv_layouts, "kv_groups")
         groups = tuple(shape.at(block_size) for shape in layout_shape)
     caching = bounds.prefix_caching
+    retention: int | None = None
     if bounds.layout_caching and all(group.kind in CACHING_KINDS for group in groups):
         # On in three draws of four: hit cuts need a cached prefix asked again after
         # the pool evicted one group's blocks of it, which few examples reach.
         caching = draw(st.sampled_from((True, True, True, False)), label="enable_prefix_caching")
+        if caching and any(group.kind in RETENTION_KINDS for group in groups):
+            # vLLM's engine runs 0 (sparse: a window group caches only the blocks a replay
+            # or a shared-prefix junction resumes at); KVCacheConfig's own None (dense) in
+            # one draw of four.
+            retention = draw(
+                st.sampled_from((0, 0, 0, None)), label="prefix_cache_retention_interval"
+            )
     need = full_request_blocks(max_model_len, block_size, groups)
     pool = _one_of(draw, bounds.pools, "pool")
     num_gpu_blocks = _ranged(draw, *pool.range_at(need, seqs), "num_gpu_blocks")
@@ -323,6 +331,7 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
         speculative_config=SpeculativeConfig.for_layout(layout_named(layout), k),
         enable_prefix_caching=caching,
         kv_groups=groups,
+        prefix_cache_retention_interval=retention,
     )
 
 
@@ -526,7 +535,8 @@ AIMS: dict[str, Aim] = {
     # the prompts now and then, so that a prefill chunk ends off a block boundary and
     # Mamba's align mode moves it back. Prefix caching is on in most draws of the
     # layouts without Mamba (the reference does not model Mamba's cache hits), with
-    # arrivals sharing prefixes, so that one group's hit is cut by another's.
+    # arrivals sharing prefixes, so that one group's hit is cut by another's; their
+    # sliding-window groups mostly at vLLM's engine retention 0.
     "hybrid": Aim(
         ConfigBounds(
             budgets=every(

@@ -415,10 +415,9 @@ def kv_cache_config_of(config: EngineConfig, version: str) -> Any:
             )
             for index, group in enumerate(config.groups)
         ],
-        # Dense: every sliding-window block stays cached, the only retention the reference
-        # models (reference/kv_hybrid_caching.py). vLLM's engine runs 0 (sparse, its
-        # cache_config default), which replay refuses by name (reference/settings.py).
-        prefix_cache_retention_interval=None,
+        # The scenario's, None (dense) unless it sets one: vLLM's engine would copy its
+        # cache_config default 0 here, the lockstep runs what the reference is given.
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
     )
 
 

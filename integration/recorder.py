@@ -29,6 +29,7 @@ vLLM's ``resolve_obj_by_qualname`` reaches them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -236,6 +237,12 @@ class _Recording:
             int(kv_cache_config.num_blocks),
             isinstance(self, AsyncScheduler),
             kv_groups_of(vllm_config, kv_cache_config),
+        )
+        # The engine config holds the setting the scheduler's KV managers read: the
+        # KVCacheConfig's copy (header.settings, written from it, keeps it in the file).
+        config = dataclasses.replace(
+            config,
+            prefix_cache_retention_interval=kv_cache_config.prefix_cache_retention_interval,
         )
         header = TraceHeader(
             vllm_version=vllm.__version__,

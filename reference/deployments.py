@@ -13,7 +13,7 @@ usual deployment turns on. docs/reference.md renders the table.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dualbudget.spec.config import (
     EngineConfig,
@@ -28,7 +28,14 @@ from dualbudget.spec.profiles import release_profile
 from dualbudget.spec.releases import RELEASES, Release
 
 from .async_scheduler import make_scheduler
-from .settings import KV_SPEC_KINDS, Json, assumed_settings, engine_defaults, first_unreplayed
+from .settings import (
+    KV_SPEC_KINDS,
+    SETTINGS_IN_CONFIG,
+    Json,
+    assumed_settings,
+    engine_defaults,
+    first_unreplayed,
+)
 
 _CLASS_OF_KIND = {kind: name for name, kind in KV_SPEC_KINDS.items()}
 
@@ -75,14 +82,21 @@ class Deployment:
         """``replays`` or ``refused: why`` for a trace of this deployment from ``version``
         (``served``: recorded from vLLM's engine; else at the scheduler's level)."""
         release = RELEASES[version]
-        config = self.config(release)
+        base = self.config(release)
+        # The settings the engine config holds reach it as a trace's header hands them
+        # to the config it replays on (``reference/trace.py``).
+        settings = {
+            **self.recorded_settings(served=served),
+            "enable_prefix_caching": base.enable_prefix_caching,
+        }
+        config = replace(base, **{name: settings[name] for name in SETTINGS_IN_CONFIG})
         profile = release_profile(release)
         try:
             check_engine_config(config)
             check_async_scheduling(config, release)
         except BadInput as err:
             return f"refused: {err}"
-        found = first_unreplayed(self.recorded_settings(served=served), config, profile)
+        found = first_unreplayed(settings, config, profile)
         if found is not None:
             setting, value = found
             return f"refused: `{setting.name}` = `{json.dumps(value)}` ({setting.changes})"

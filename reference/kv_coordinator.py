@@ -126,4 +126,6 @@ def hybrid_caching_manager(
         hashing,
         drop_groups,
         tuple(order),
+        retention_interval=config.prefix_cache_retention_interval,
+        retains_block_below_junction=release.retains_block_below_junction,
     )

@@ -4,7 +4,7 @@ knows each group's cached blocks by (hash, group).
 Mirrors ``HybridKVCacheCoordinator`` (and ``UnitaryKVCacheCoordinator`` for one group of
 another kind: its own search alone) with ``enable_caching``, for groups of one block
 size (the scheduler's and the hash's block size are then that size, so hits land on
-every block boundary and no group's retention mask drops a block):
+every block boundary):
 
 - a hit is the fixed point across groups (``find_longest_cache_hit``): full attention
   (MLA alike) first, its longest run of cached blocks from the left; then a sliding
@@ -16,7 +16,8 @@ every block boundary and no group's retention mask drops a block):
   group's ``is_eagle_group``, or every group where none is flagged), matching one block
   more first;
 - a hit's blocks are touched group by group, the blocks the window skips left null;
-  each group caches its full blocks under its own key, frees what its window skips
+  each group caches its full blocks under its own key (a sliding-window group only those
+  ``prefix_cache_retention_interval`` retains: ``retained``), frees what its window skips
   (unhashed blocks to the free queue's head, cached ones to its tail) and, when the
   request ends, its blocks last first, group after group.
 
@@ -63,6 +64,14 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     pending_cuts: dict[str, int] = field(default_factory=dict)
     """Tokens the other groups cut off a request's longest single-group hit, from its
     last lookup, counted as ``hybrid_hit_cut`` once the request is admitted."""
+    retention_interval: int | None = None
+    """``KVCacheConfig.prefix_cache_retention_interval``: which full blocks a
+    sliding-window group caches (``retained``)."""
+    retains_block_below_junction: bool = False
+    """The release's ``retains_block_below_junction``."""
+    junctions: dict[str, int] = field(default_factory=dict)
+    """``Request.shared_prefix_boundary``, from each request's last lookup: the longest
+    single-group hit where another group cut it (0 where none did)."""
 
     enable_caching: ClassVar[bool] = True
 
@@ -96,7 +105,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         num_groups = len(self.groups)
         hit_length = request.num_tokens - 1
         if num_groups == 1:
-            # UnitaryKVCacheCoordinator: the group's own search, no margin for the drop.
+            # UnitaryKVCacheCoordinator: the group's own search, no margin for the drop;
+            # no other group lags it, so no junction.
+            self.junctions[request.request_id] = 0
             found, length = self._find(pool, hashes, 0, hit_length, self.drop_groups[0])
             return (tuple(found), length) if length > 0 else (NO_HIT, 0)
         longest = 0
@@ -142,6 +153,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             self.pending_cuts[request.request_id] = longest - hit_length
         else:
             self.pending_cuts.pop(request.request_id, None)
+        # get_computed_blocks' shared_prefix_boundary: where the lagging group would
+        # reach once it caches the shared prefix, kept retained for the next sibling.
+        self.junctions[request.request_id] = longest if longest > hit_length else 0
         if hit_length <= 0:
             return NO_HIT, 0
         return tuple(hit), hit_length
@@ -351,8 +365,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
         """The coordinator's ``cache_blocks``: each group's full blocks of the first
-        ``num_tokens`` tokens (as far as the request has hashes) get its key; null
-        places are skipped."""
+        ``num_tokens`` tokens (as far as the request has hashes) get its key, but null
+        places and the sliding-window blocks retention drops (``retained``)."""
         pool = self.pool(state)
         hashes = request.block_hashes or ()
         for index, (group, blocks) in enumerate(zip(self.groups, request.kv_groups, strict=True)):
@@ -360,8 +374,13 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             num_full = min(num_tokens, len(hashes) * self.block_size) // group.block_size
             if num_cached >= num_full:
                 continue
+            mask = None
+            if isinstance(group, SlidingWindowManager):
+                mask = self.retained(request, index, group, num_cached, num_full)
             # A table shorter than the full blocks caches what it has (vLLM's slice).
             for place in range(num_cached, min(num_full, len(blocks.block_ids))):
+                if mask is not None and not mask[place - num_cached]:
+                    continue
                 block = blocks.block_ids[place]
                 if block and pool.block_hash[block] is None:
                     key = group_key(hashes[place], index)
@@ -369,12 +388,69 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     pool.cached.setdefault(key, []).append(block)
             blocks.num_cached_blocks = num_full
 
+    def retained(
+        self,
+        request: RequestState,
+        index: int,
+        group: SlidingWindowManager,
+        start: int,
+        end: int,
+    ) -> list[bool] | None:
+        """``SlidingWindowManager.reachable_block_mask`` for blocks ``start:end`` of group
+        ``index`` (None: every block). A hit needs the window's contiguous blocks (one
+        more where the group drops its last) ending at a hit boundary, so only those
+        tails are worth caching: at ``retention_interval`` None one at every block (all of
+        them), at N > 0 one per N-token segment, and from 0 on also the ones ending at
+        the places a later request resumes (``replay_boundaries``, the junction)."""
+        block_size, interval = self.block_size, self.retention_interval
+        eagle = self.drop_groups[index]
+        need = cdiv(group.sliding_window - 1, block_size) + int(eagle)
+        # A dropping group's run ends one block past the boundary it lands back on.
+        shift = int(eagle)
+        mask = [False] * (end - start)
+        segment = block_size if interval is None else interval
+        if segment:
+            per_segment = segment // block_size
+            if need >= per_segment:
+                return None
+            for place in range(max(start, shift), end):
+                if (place - shift) % per_segment >= per_segment - need:
+                    mask[place - start] = True
+        if interval is None:
+            return mask
+        boundaries = list(self.replay_boundaries(request.prompt_len))
+        junction = self.junctions.get(request.request_id, 0)
+        if junction:
+            boundaries.append(junction)
+            if eagle and self.retains_block_below_junction:
+                # A sibling diverging right after the junction cannot peek the block
+                # past it, so its hit lands one block lower.
+                boundaries.append(junction - block_size)
+        for boundary in boundaries:
+            tail_end = boundary // block_size + shift
+            for place in range(max(start, tail_end - need), min(end, tail_end)):
+                mask[place - start] = True
+        return mask
+
+    def replay_boundaries(self, prompt_len: int) -> tuple[int, ...]:
+        """``replay_boundaries``: where a later request replaying the prompt resumes: a
+        resend of it at ``prompt_len - 1`` (its last token is recomputed); where a group
+        drops its last hit block, the block below a resend's and a longer sibling's
+        block-aligned hit."""
+        if not any(self.drop_groups):
+            return (prompt_len - 1,)
+        block_size = self.block_size
+        resend = (prompt_len - 1) // block_size * block_size
+        extension = prompt_len // block_size * block_size
+        return tuple(sorted({max(resend - block_size, 0), max(extension - block_size, 0)}))
+
     def free(self, state: SchedulerState, request: RequestState) -> None:
         """``free``: group after group, its real blocks last first."""
         pool = self.pool(state)
         for blocks in request.kv_groups:
             pool.free_blocks(reversed([block for block in blocks.block_ids if block]))
         self.pending_cuts.pop(request.request_id, None)
+        self.junctions.pop(request.request_id, None)
         request.num_blocks = 0
         request.kv_slots_covered = 0
         request.kv_groups = [GroupBlocks() for _ in self.groups]

@@ -211,6 +211,12 @@ class ConfigJson(Schema):
         description="vLLM's KV cache groups (below); absent, one `full_attention` group of"
         " `block_size`",
     )
+    prefix_cache_retention_interval: int | None = Field(
+        default=_engine("prefix_cache_retention_interval"),
+        description="which full blocks a sliding-window group caches with prefix caching:"
+        " absent or `null` every block (vLLM's `KVCacheConfig` default), `0` only those a"
+        " replay resumes at (the engine's default), `N` also one tail per `N` tokens",
+    )
 
     def engine_config(self) -> EngineConfig:
         fields = dict(self)

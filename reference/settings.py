@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from dualbudget.spec.config import KV_GROUP_KINDS, EngineConfig
@@ -104,20 +104,6 @@ def _hits_uncapped(value: Json, config: EngineConfig, profile: Profile) -> bool:
     # Only a release whose waiting loop asks the routed-experts connector for a hit cap
     # decides otherwise with the output on.
     return not profile.release.caps_hits_for_routed_experts
-
-
-SPARSE_RETENTION_KINDS = ("sliding_window", "sliding_window_mla", "mamba")
-"""The group kinds whose cached blocks vLLM's ``prefix_cache_retention_interval`` thins
-(its ``SlidingWindowSpec`` and ``MambaSpec`` subclasses); full-attention and chunked-local
-groups cache every block whatever its value."""
-
-
-def _dense_either_way(value: Json, config: EngineConfig, profile: Profile) -> bool:
-    # Retention decides which blocks a sliding-window or Mamba group keeps cached: with
-    # no such group, or no prefix caching, every value schedules alike.
-    return not config.enable_prefix_caching or not any(
-        group.kind in SPARSE_RETENTION_KINDS for group in config.groups
-    )
 
 
 def _hashes_ahead(release: Release) -> bool:
@@ -215,11 +201,11 @@ SETTINGS: tuple[Setting, ...] = (
         "prefix_cache_retention_interval",
         "kv_cache_config.prefix_cache_retention_interval (the engine copies"
         " cache_config.prefix_cache_retention_interval there, default 0)",
-        None, False, None,
+        None, True, None,
         "sliding-window and Mamba groups cache only the blocks at replay boundaries (0) or"
-        " one per interval tokens, not every block (None): fewer prefix hits",
-        also_replays=_dense_either_way,
-        also="or any value without prefix caching or without a sliding-window or Mamba group",
+        " one tail per interval tokens, not every block (None): fewer prefix hits (the"
+        " reference models it for sliding-window groups; Mamba with prefix caching is"
+        " refused by its group kind)",
         recorded_since=3, optional=True, engine_default=0,
     ),
     Setting(
@@ -287,6 +273,11 @@ SETTINGS: tuple[Setting, ...] = (
 """Every setting outside the engine config that can change a decision."""
 
 SETTING_NAMES = tuple(setting.name for setting in SETTINGS)
+SETTINGS_IN_CONFIG = tuple(
+    s.name for s in SETTINGS if s.name in {item.name for item in fields(EngineConfig)}
+)
+"""The settings the engine config holds, the reference's home of them in memory; a trace
+keeps them in its header's ``settings``, never in its ``config``."""
 ENGINE_SETTINGS = tuple(s.name for s in SETTINGS if s.scope == "engine")
 REQUEST_SETTINGS = tuple(s.name for s in SETTINGS if s.scope == "request")
 

@@ -35,7 +35,7 @@ from dualbudget.spec.releases import release_of
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
 from .scenario import config_to_json
 from .schemas import first_error
-from .settings import Json, assumed_request_settings, assumed_settings
+from .settings import SETTINGS_IN_CONFIG, Json, assumed_request_settings, assumed_settings
 from .trace_schema import FORMAT, VERSIONS, AddRequestLineV2, EndLine, HeaderV1, line_adapter
 
 VERSION = max(VERSIONS)
@@ -67,10 +67,10 @@ class TraceHeader:
     """The format version the trace was read from (written: always ``VERSION``)."""
 
     def __post_init__(self) -> None:
-        # In memory the engine config is the home of enable_prefix_caching (the reference
-        # runs on it); the file keeps it in settings: the two never disagree.
-        settings = {**self.settings, "enable_prefix_caching": self.config.enable_prefix_caching}
-        object.__setattr__(self, "settings", settings)
+        # In memory the engine config is the home of the settings it holds (the reference
+        # runs on it); the file keeps them in settings: the two never disagree.
+        in_config = {name: getattr(self.config, name) for name in SETTINGS_IN_CONFIG}
+        object.__setattr__(self, "settings", {**self.settings, **in_config})
 
     @property
     def async_scheduling(self) -> bool:
@@ -82,7 +82,8 @@ class TraceHeader:
 
     def to_json(self) -> dict[str, Any]:
         config = config_to_json(self.config)
-        config.pop("enable_prefix_caching", None)
+        for name in SETTINGS_IN_CONFIG:
+            config.pop(name, None)
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -300,7 +301,7 @@ def _header(name: str, text: str) -> TraceHeader:
     return TraceHeader(
         vllm_version=read.vllm_version,
         source=read.source,
-        config=replace(config, enable_prefix_caching=bool(settings["enable_prefix_caching"])),
+        config=replace(config, **{name: settings[name] for name in SETTINGS_IN_CONFIG}),
         scheduler_class=read.scheduler_class,
         settings=settings,
         notes=dict(read.notes),

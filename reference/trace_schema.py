@@ -22,7 +22,7 @@ from dualbudget.spec.config import EngineConfig
 from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
 from .scenario import ConfigJson
 from .schemas import FieldError, Schema, dataclass_default, schema_heading, schema_table
-from .settings import SETTINGS, Json, Setting
+from .settings import SETTINGS, SETTINGS_IN_CONFIG, Json, Setting
 
 FORMAT = "dualbudget-trace"
 Source = Literal["engine", "scheduler", "synthetic"]
@@ -82,7 +82,8 @@ class _Header(Schema):
     scheduler_class: str = Field(default="", description="the recording scheduler's class")
     config: ConfigJson = Field(
         description="the engine config, as in a scenario (§4.1): `async_scheduling` in it"
-        " when on, `enable_prefix_caching` never (a setting, below)"
+        " when on, `enable_prefix_caching` and `prefix_cache_retention_interval` never"
+        " (settings, below)"
     )
     notes: dict[str, Json] = Field(
         default_factory=dict, description="free-form facts about the recording"
@@ -107,10 +108,9 @@ class HeaderV2(_Header):
 
     @model_validator(mode="after")
     def _prefix_caching_is_a_setting(self) -> Self:
-        if "enable_prefix_caching" in self.config.model_fields_set:
-            raise FieldError(
-                "config.enable_prefix_caching", "kept in header.settings from version 2 on"
-            )
+        for name in SETTINGS_IN_CONFIG:
+            if name in self.config.model_fields_set:
+                raise FieldError(f"config.{name}", "kept in header.settings from version 2 on")
         return self
 
 

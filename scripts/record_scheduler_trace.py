@@ -25,7 +25,9 @@ on (Mamba in ``align`` mode, as vLLM sets it then). ``--stand-in METHOD`` builds
 drafter of the same K where the family's cannot be built here (MTP needs a model with an
 MTP module), and the header's notes say so. ``--no-prefix-caching`` turns vLLM's default
 off (a Mamba group then runs in mode ``none``, as vLLM sets it), for a layout whose prefix
-caching the reference does not model; the notes say that too::
+caching the reference does not model; the notes say that too.
+``--prefix-cache-retention-interval N`` builds vLLM's ``KVCacheConfig`` with that
+retention (the engine's default is 0; a ``KVCacheConfig`` built alone holds None)::
 
     .venv-vllm-0.33/bin/python scripts/record_scheduler_trace.py chat-system-prompt \
         dualbudget/traces/scheduler-async-0.33-deepseek-mtp.ndjson.gz --max-steps 300 \
@@ -71,6 +73,7 @@ def main() -> int:
     parser.add_argument("--deployment")
     parser.add_argument("--stand-in")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--prefix-cache-retention-interval", type=int)
     args = parser.parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     workload = preset(args.workload)
@@ -92,6 +95,13 @@ def main() -> int:
             print(f"record_scheduler_trace.py: {err}", file=sys.stderr)
             return 2
         notes.update(deployment_notes)
+    if args.prefix_cache_retention_interval is not None:
+        interval = args.prefix_cache_retention_interval
+        config = dataclasses.replace(config, prefix_cache_retention_interval=interval)
+        notes["prefix_cache_retention_interval"] = (
+            f"{interval} in the KVCacheConfig (vLLM's engine copies its cache_config default"
+            " 0 there; a scheduler built on its own KVCacheConfig runs None)"
+        )
     if args.async_scheduling:
         config = dataclasses.replace(config, async_scheduling=True)
     if args.num_gpu_blocks:

@@ -297,9 +297,6 @@ TRACES: dict[str, dict[str, Any]] = {
         },
     },
     "engine-draft-model-k3-sliding-window": {
-        # Recorded but not shipped: replay refuses it (the engine's sparse prefix-cache
-        # retention, docs/traces.md), so it is written only when named with --only.
-        "shipped": False,
         "draft": True,
         "draft_seed": 0,
         # gpt-oss's KV layout in small: sliding-window layers beside full-attention ones,

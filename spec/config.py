@@ -11,6 +11,7 @@ default is True for decoder language models; the project states it explicitly to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import BadInput
@@ -125,6 +126,11 @@ class EngineConfig:
     kv_groups: tuple[KVGroup, ...] = ()
     """vLLM's ``KVCacheConfig.kv_cache_groups``; () is one ``full_attention`` group of
     ``block_size``, the layout of every config before groups were modelled."""
+    prefix_cache_retention_interval: int | None = None
+    """vLLM's ``KVCacheConfig.prefix_cache_retention_interval``: which full blocks a
+    sliding-window group caches. None (``KVCacheConfig``'s default) every block; 0 (the
+    engine's, copied from ``CacheConfig``) only those a replay of a prompt or a shared
+    prefix resumes at; N > 0 also a tail once per N tokens."""
 
     @property
     def groups(self) -> tuple[KVGroup, ...]:
@@ -208,6 +214,7 @@ def check_engine_config(config: EngineConfig) -> None:
         )
     for index, group in enumerate(config.kv_groups):
         check_kv_group(group, f"kv_groups[{index}]")
+    check_retention_interval(config)
     modes = {group.mamba_cache_mode for group in config.kv_groups if group.kind == "mamba"}
     if len(modes) > 1:
         # One CacheConfig.mamba_cache_mode serves every Mamba group.
@@ -225,6 +232,35 @@ def check_engine_config(config: EngineConfig) -> None:
             layout_for(spec.method, spec.parallel_drafting, spec.dspark_layout)
         except BadInput as err:
             raise ConfigError("speculative_config.method", str(err)) from None
+
+
+RETENTION_KINDS = ("sliding_window", "sliding_window_mla", "mamba")
+"""The kinds whose cached blocks ``prefix_cache_retention_interval`` thins (vLLM's
+``SlidingWindowSpec`` and ``MambaSpec`` subclasses); other kinds cache every block."""
+
+
+def check_retention_interval(config: EngineConfig) -> None:
+    """Raise ConfigError where vLLM's ``_validate_prefix_cache_retention_interval`` raises:
+    a positive interval with no sliding-window or Mamba group (it would act on nothing),
+    a negative one, or one that is not a multiple of the scheduler's block size (the
+    lowest common multiple of the groups' block sizes, where hits land)."""
+    value = config.prefix_cache_retention_interval
+    if value is None:
+        return
+    name = "prefix_cache_retention_interval"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"must be null or an integer, got {value!r}")
+    if not any(group.kind in RETENTION_KINDS for group in config.groups):
+        if value != 0:
+            raise ConfigError(
+                name, f"is {value}, but no kv_group is sliding-window or Mamba: set it to 0"
+            )
+        return
+    step = math.lcm(*(group.block_size for group in config.groups))
+    if value < 0 or value % step != 0:
+        raise ConfigError(
+            name, f"({value}) must be >= 0 and a multiple of the scheduler block size ({step})"
+        )
 
 
 def check_kv_group(group: KVGroup, where: str) -> None:

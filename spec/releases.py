@@ -90,6 +90,11 @@ class Release:
     its last hit block whatever the drafter (True: the coordinator's ``eagle_group_ids``);
     or only where the drafter's ``use_eagle_block_drop`` holds (False:
     ``drop_eagle_group_ids``)."""
+    retains_block_below_junction: bool
+    """Under sparse prefix-cache retention a sliding-window group that drops its last
+    hit block also keeps the tail ending one block below a shared-prefix junction, where
+    a sibling diverging right after the junction lands its hit (True); or only the tail
+    ending at the junction (False)."""
 
     def __hash__(self) -> int:
         # The tables are mappings: a release is known by its version.
@@ -178,6 +183,7 @@ VLLM_0_32 = Release(
     caches_verified_output=False,
     caps_hits_for_routed_experts=False,
     eagle_groups_drop_without_use_eagle=True,
+    retains_block_below_junction=False,
 )
 VLLM_0_33 = Release(
     version="0.33",
@@ -198,6 +204,7 @@ VLLM_0_33 = Release(
     caches_verified_output=True,
     caps_hits_for_routed_experts=True,
     eagle_groups_drop_without_use_eagle=False,
+    retains_block_below_junction=True,
 )
 
 RELEASES: dict[str, Release] = {release.version: release for release in (VLLM_0_32, VLLM_0_33)}

@@ -45,6 +45,7 @@ def config(
     block_size: int = BLOCK_SIZE,
     max_num_batched_tokens: int = 32,
     enable_prefix_caching: bool = False,
+    prefix_cache_retention_interval: int | None = None,
 ) -> EngineConfig:
     spec = None
     if method is not None:
@@ -58,6 +59,84 @@ def config(
         speculative_config=spec,
         kv_groups=groups,
         enable_prefix_caching=enable_prefix_caching,
+        prefix_cache_retention_interval=prefix_cache_retention_interval,
+    )
+
+
+def retention_follow_up(retention: int | None) -> Case:
+    """Window 8 (a hit needs cdiv(8 - 1, 4) = 2 contiguous blocks) beside full attention,
+    caching on, no drafter, 39 blocks lent. Step 0: r0's 16 tokens take 4 blocks a group
+    (31); full attention caches all 4. The window group caches all 4 at retention None;
+    at 0 only the tail a resend of r0's prompt would hit: replay boundary 16 - 1 = 15,
+    block 15 // 4 = 3, so the 2 blocks before it, 1 and 2. Step 1: r0's 16 processed
+    tokens skip 9: its window blocks 0 and 1 go back, cached where they were (33); its
+    17th token takes a fifth block a group (31). r1 repeats r0's prompt and a token more,
+    a hit within 16 tokens: full attention hits 4 blocks. None: the window finds blocks 3
+    and 2, a run of 2 ending at 16: 1 token left; 5 blocks a group, 1 new each (29). 0:
+    block 3 is uncached, blocks 2 and 1 make the run ending at 12, which cuts full
+    attention to 12 tokens (``hybrid_hit_cut``): 5 tokens left; the window group skips
+    block 0, touches the freed block 1 and takes 2 new, full attention 2 new (26)."""
+    dense = retention is None
+    return Case(
+        f"retention {retention}: a follow-up hits where the window group kept its blocks",
+        config(
+            40,
+            KVGroup("sliding_window", BLOCK_SIZE, sliding_window=8),
+            FULL,
+            enable_prefix_caching=True,
+            prefix_cache_retention_interval=retention,
+        ),
+        (
+            add("r0", tuple(range(16)), 4),
+            STEP,
+            sample_ids(r0=(100,)),
+            add("r1", (*range(16), 50), 4),
+            STEP,
+        ),
+        {0: ({"r0": 16}, {}, []), 1: ({"r0": 1, "r1": 1 if dense else 5}, {}, [])},
+        {0: 31, 1: 29 if dense else 26},
+        {"window_blocks_freed": 2, "hybrid_hit_cut": 0 if dense else 1},
+    )
+
+
+def retention_eagle(retention: int | None) -> Case:
+    """0.32, EAGLE K=2 (every group drops its last hit block: none is marked), window 8
+    beside full attention, caching on, 39 blocks lent. A dropping window group needs
+    cdiv(8 - 1, 4) + 1 = 3 contiguous blocks and its run ends one block past the hit.
+    Step 0: r0's 32 tokens and 2 lookahead slots take 9 blocks a group (21); full
+    attention caches blocks 0-7. The window group caches 0-7 at None; at 0 the tails of
+    the replay boundaries of a 32-token prompt, 28 - 4 = 24 and 32 - 4 = 28, ending one
+    block past them at blocks 7 and 8: blocks 4-7. r0 is aborted after its first output
+    (39). r1 shares r0's first 24 tokens. Full attention, one block more to drop, finds
+    6 blocks and drops one: 20 tokens. The window group within 24 tokens: None, blocks 5,
+    4, 3 make a run of 3, the last dropped: 20 tokens, r1's other 12 are scheduled, each
+    group 9 blocks: the window group's first 3 skipped, its hit's 2 and full attention's 5
+    taken off the free queue, 4 new each (24). 0: block 3 is uncached, blocks 5 and 4 are
+    no run of 3 and none starts at block 0: no hit (full attention's 20 tokens cut to 0,
+    ``hybrid_hit_cut``), all 32 tokens, 9 new blocks a group (21)."""
+    dense = retention is None
+    return Case(
+        f"retention {retention}: EAGLE's dropping window group keeps the tails one block on",
+        config(
+            40,
+            KVGroup("sliding_window", BLOCK_SIZE, sliding_window=8),
+            FULL,
+            method="eagle",
+            enable_prefix_caching=True,
+            prefix_cache_retention_interval=retention,
+        ),
+        (
+            add("r0", tuple(range(32)), 4),
+            STEP,
+            sample_ids(r0=(100,)),
+            Abort("r0"),
+            add("r1", (*range(24), *range(60, 68)), 4),
+            STEP,
+        ),
+        {0: ({"r0": 32}, {}, []), 1: ({"r1": 12 if dense else 32}, {}, [])},
+        {0: 21, 1: 24 if dense else 21},
+        {"hybrid_hit_cut": 0 if dense else 1},
+        releases=("0.32",),
     )
 
 
@@ -293,4 +372,8 @@ CASES: tuple[Case, ...] = (
         {"window_blocks_freed": 2},
         releases=("0.33",),
     ),
+    retention_follow_up(None),
+    retention_follow_up(0),
+    retention_eagle(None),
+    retention_eagle(0),
 )

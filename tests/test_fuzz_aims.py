@@ -20,7 +20,7 @@ from dualbudget.integration.aims import (
     reserve,
 )
 from dualbudget.reference.kv_coordinator import CACHING_KINDS
-from dualbudget.spec.config import ConfigError, EngineConfig, check_engine_config
+from dualbudget.spec.config import RETENTION_KINDS, ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named
 from dualbudget.spec.releases import RELEASES
@@ -51,6 +51,11 @@ def _within(config: EngineConfig, bounds: ConfigBounds, profile: str, layout: st
         assert config.enable_prefix_caching in (bounds.prefix_caching, True)
     else:
         assert config.enable_prefix_caching == bounds.prefix_caching
+    thinned = any(group.kind in RETENTION_KINDS for group in config.groups)
+    if bounds.layout_caching and config.enable_prefix_caching and thinned:
+        assert config.prefix_cache_retention_interval in (0, None)
+    else:
+        assert config.prefix_cache_retention_interval is None
     need = full_request_blocks(config.max_model_len, config.block_size, config.kv_groups)
     if bounds.kv_layouts:
         drawn = [tuple(shape.at(config.block_size) for shape in kv) for kv in bounds.kv_layouts]
@@ -90,6 +95,22 @@ def test_every_drawn_config_lies_within_its_aims_row(
     check_engine_config(config)  # vLLM's SchedulerConfig checks: B >= seqs, ...
     if not bounds.refused_too:  # an aimed config is never refused
         profile_named(profile).policy.validate(config)
+
+
+@pytest.mark.parametrize("retention", [0, None])
+def test_the_hybrid_aim_draws_a_sliding_window_at_both_retentions(retention: int | None) -> None:
+    """vLLM's engine default 0 (sparse) in most caching-on sliding-window draws, the
+    ``KVCacheConfig`` default None (dense) in some."""
+    config = find(
+        aimed_config(AIMS["hybrid"].configs, "vllm-0.33", "eagle"),
+        lambda config: (
+            config.enable_prefix_caching
+            and config.groups[0].kind == "sliding_window"
+            and config.prefix_cache_retention_interval == retention
+        ),
+        settings=settings(max_examples=2000, database=None),
+    )
+    check_engine_config(config)
 
 
 def test_mixed_alone_may_draw_a_refused_config() -> None:

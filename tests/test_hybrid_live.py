@@ -17,9 +17,11 @@ from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import Divergence, Lockstep
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
+from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv_single_type import SlidingWindowManager
 from dualbudget.reference.scenario import load_scenario
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED
+from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from tests import kv_group_cases
@@ -267,3 +269,48 @@ def test_a_planted_sliding_window_difference_is_found_by_the_fuzz(
     found = divergences[0]
     assert isinstance(found, Divergence) and found.scenario_path is not None
     assert load_scenario(found.scenario_path).config.kv_groups
+
+
+def _every_block_retained(
+    self: HybridPrefixCachingKVCacheManager,
+    request: RequestState,
+    index: int,
+    group: SlidingWindowManager,
+    start: int,
+    end: int,
+) -> list[bool] | None:
+    return None
+
+
+def test_a_planted_dense_retention_is_found_by_the_fuzz(
+    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference's sliding-window group caching every block whatever the config's
+    ``prefix_cache_retention_interval`` (vLLM's engine default 0 keeps only the blocks a
+    replay or a junction resumes at): a small seeded fuzz of the hybrid aim finds it,
+    where the same fuzz without it agrees."""
+    from dualbudget.fuzz_cli import known_findings
+    from dualbudget.integration import fuzz
+    from dualbudget.integration.live import require_vllm
+
+    monkeypatch.setattr(fuzz, "AIMS", {name: AIMS[name] for name in ("mixed", "hybrid")})
+
+    def run(out: str) -> list[object]:
+        result = fuzz.run_fuzz(
+            profile=profile,
+            vllm_version=require_vllm(),
+            examples=20,
+            seed=1,
+            out_dir=tmp_path / out,
+            known_findings=known_findings(),
+            layouts=["eagle"],
+        )
+        return list(result.divergences)
+
+    assert not run("control"), "the same fuzz without the planted difference must agree"
+    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "retained", _every_block_retained)
+    divergences = run("planted")
+    assert divergences, "the planted dense retention went unnoticed"
+    found = divergences[0]
+    assert isinstance(found, Divergence) and found.scenario_path is not None
+    assert load_scenario(found.scenario_path).config.prefix_cache_retention_interval == 0

@@ -182,3 +182,25 @@ def test_a_family_recorded_at_vllms_defaults_replays_as_the_table_says(
     assert trace.header.config.enable_prefix_caching and trace.header.async_scheduling
     result = replay_trace(trace)
     assert result.ok and result.steps_checked == 30, (result.divergence, result.violations)
+
+
+def test_gpt_oss_recorded_at_the_engines_retention_replays(profile: str, tmp_path: Path) -> None:
+    """gpt-oss + EAGLE3 recorded from vLLM's own scheduler built on a ``KVCacheConfig``
+    holding the engine's ``prefix_cache_retention_interval`` = 0: the header and its
+    config say 0, and the replay agrees on every step with hits."""
+    from dualbudget.integration.scheduler_trace import deployment_config, write_scheduler_trace
+
+    release = profile_named(profile).release
+    scenario = preset("chat-system-prompt").scenario(0)
+    config, notes = deployment_config(scenario.config, "gpt-oss + EAGLE3", None, release)
+    blocks = max(300, -(-config.max_model_len // config.block_size) * len(config.groups) + 2)
+    config = dataclasses.replace(config, num_gpu_blocks=blocks, prefix_cache_retention_interval=0)
+    scenario = validate(dataclasses.replace(scenario, profile=profile, config=config))
+    path = tmp_path / "gpt-oss.ndjson"
+    assert write_scheduler_trace(scenario, path, 60, notes) == 60
+    trace = read_trace(path)
+    assert trace.header.settings["prefix_cache_retention_interval"] == 0
+    assert trace.header.config.prefix_cache_retention_interval == 0
+    result = replay_trace(trace)
+    assert result.ok and result.steps_checked == 60, (result.divergence, result.violations)
+    assert result.prefix_hits > 0

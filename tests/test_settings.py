@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,8 @@ SLIDING = TRACES / "scheduler-async-0.33-gpt-oss-eagle3.ndjson.gz"
 """vLLM 0.33, sliding-window and full-attention groups, prefix caching on."""
 
 BASE_OF = {"prefix_cache_retention_interval": SLIDING}
-"""Rows refused only on a layout ``BASE`` lacks: the trace each is set on instead."""
+"""Rows whose cases need a layout ``BASE`` lacks (a sliding-window group): the trace each
+is set on instead."""
 
 OTHER_VALUE: dict[str, Any] = {
     "enable_prefix_caching": False,
@@ -116,35 +116,47 @@ def test_replay_and_simulate_refuse_it_by_name(
 RETENTION = next(s for s in SETTINGS if s.name == "prefix_cache_retention_interval")
 
 
-@pytest.mark.parametrize("value", [0, 64])
-def test_sparse_retention_is_refused_only_with_sliding_window_caching(
-    tmp_path: Path, value: int
+@pytest.mark.parametrize("value", [None, 0, 64])
+def test_the_recorded_retention_reaches_the_replayed_config(tmp_path: Path, value: Any) -> None:
+    """The header's value is the engine config's, which the sliding-window group's
+    caching reads (``kv_hybrid_caching.retained``), and is written back to the header
+    only."""
+    trace = read_trace(with_setting(tmp_path, RETENTION, value))
+    assert trace.header.config.prefix_cache_retention_interval == value
+    written = trace.header.to_json()
+    assert written["settings"]["prefix_cache_retention_interval"] == value
+    assert "prefix_cache_retention_interval" not in written["config"]
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (24, "(24) must be >= 0 and a multiple of the scheduler block size (16)"),
+        (-16, "(-16) must be >= 0 and a multiple of the scheduler block size (16)"),
+    ],
+)
+def test_a_retention_vllm_refuses_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: int, words: str
 ) -> None:
-    """vLLM thins a sliding-window group's cached blocks at any value but None; the
-    reference caches them densely, so it replays such a trace only where no group thins."""
-    profile = profile_named("vllm-0.33")
-    dense = read_trace(with_setting(tmp_path, RETENTION, None))
-    check_settings(dense, profile)
-    sparse = read_trace(with_setting(tmp_path, RETENTION, value))
-    with pytest.raises(TraceError, match=f"prefix_cache_retention_interval = {value}"):
-        check_settings(sparse, profile)
-    uncached = replace(
-        sparse,
-        header=replace(
-            sparse.header, config=replace(sparse.header.config, enable_prefix_caching=False)
-        ),
-    )
-    check_settings(uncached, profile)
+    """vLLM's coordinator raises on these (``_validate_prefix_cache_retention_interval``):
+    ``replay`` and ``simulate --trace`` exit 2 naming the setting, in one line."""
+    path = with_setting(tmp_path, RETENTION, value)
+    for argv in (["replay", path], ["simulate", "--trace", path, "--quiet"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"prefix_cache_retention_interval: {words}" in err, err
 
 
-def test_a_full_attention_trace_at_sparse_retention_replays(
+def test_a_positive_retention_without_a_sliding_window_group_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A full-attention group caches every block at any retention: vLLM's engine default
-    (0) replays on such a trace as it was recorded."""
-    path = with_setting(tmp_path, RETENTION, 0, base=BASE)
-    assert read_trace(path).header.settings["prefix_cache_retention_interval"] == 0
-    assert main(["replay", path]) == 0, capsys.readouterr().err
+    """Only 0 is accepted where no group is sliding-window or Mamba (vLLM: retention has
+    no effect there); 0 replays as recorded on such a trace."""
+    assert main(["replay", with_setting(tmp_path, RETENTION, 0, base=BASE)]) == 0
+    capsys.readouterr()
+    assert main(["replay", with_setting(tmp_path, RETENTION, 32, base=BASE)]) == 2
+    err = capsys.readouterr().err
+    assert "prefix_cache_retention_interval: is 32, but no kv_group is sliding-window" in err
 
 
 def test_routed_experts_replay_where_the_release_caps_no_hit(tmp_path: Path) -> None:

@@ -268,10 +268,11 @@ def test_the_recorder_reads_each_row_from_vllm(live: Any, setting: Setting) -> N
         assert read != setting.default
 
 
-def test_the_engine_retains_sparsely_and_the_lockstep_densely(live: Any) -> None:
+def test_the_engine_retains_sparsely_and_the_lockstep_as_its_config_says(live: Any) -> None:
     """vLLM's engine copies ``cache_config.prefix_cache_retention_interval`` (default 0,
-    sparse) into its ``KVCacheConfig``; the scheduler the lockstep builds runs None
-    (dense), the only retention the reference models, and the recorder writes which."""
+    sparse) into its ``KVCacheConfig``; the scheduler the lockstep builds runs the
+    config's (None, dense, by default), and the recorder writes which."""
+    from dualbudget.integration.live import LiveScheduler
     from dualbudget.integration.recorder import settings_of
 
     assert live.vllm_config.cache_config.prefix_cache_retention_interval == 0
@@ -281,6 +282,10 @@ def test_the_engine_retains_sparsely_and_the_lockstep_densely(live: Any) -> None
         settings_of(live.vllm_config, live.kv_cache_config)["prefix_cache_retention_interval"]
         is None
     )
+    sparse = LiveScheduler(dataclasses.replace(CONFIG, prefix_cache_retention_interval=0))
+    assert sparse.scheduler.kv_cache_manager.coordinator.retention_interval == 0
+    recorded = settings_of(sparse.vllm_config, sparse.kv_cache_config)
+    assert recorded["prefix_cache_retention_interval"] == 0
 
 
 def test_a_recorded_trace_is_refused_naming_a_request_row(tmp_path: Path) -> None:

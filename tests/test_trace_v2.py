@@ -126,9 +126,9 @@ UNMODELLED = {
 
 def test_every_unmodelled_engine_setting_has_a_refusal_case() -> None:
     unmodelled = {s.name for s in SETTINGS if not s.modelled and s.scope == "engine"}
-    # Refused only on some traces (routed experts on the release that caps hits for it,
-    # retention with a sliding-window group and prefix caching): tests/test_settings.py.
-    refused_on_some = {"enable_return_routed_experts", "prefix_cache_retention_interval"}
+    # Refused only on some traces (routed experts on the release that caps hits for
+    # it): tests/test_settings.py.
+    refused_on_some = {"enable_return_routed_experts"}
     assert set(UNMODELLED) == unmodelled - refused_on_some
 
 
