@@ -174,15 +174,19 @@ class GroupShape:
     """The group's block size in config blocks."""
     window_blocks: int | None = None
     """``sliding_window`` in blocks (the sliding-window kinds)."""
+    chunk_blocks: int | None = None
+    """``attention_chunk_size`` in blocks (``chunked_local_attention``)."""
     mamba_cache_mode: str = "none"
     is_eagle_group: bool = False
 
     def at(self, block_size: int) -> KVGroup:
         window = None if self.window_blocks is None else self.window_blocks * block_size
+        chunk = None if self.chunk_blocks is None else self.chunk_blocks * block_size
         return KVGroup(
             self.kind,
             self.block_scale * block_size,
             sliding_window=window,
+            attention_chunk_size=chunk,
             mamba_cache_mode=self.mamba_cache_mode,
             is_eagle_group=self.is_eagle_group,
         )
@@ -527,7 +531,8 @@ AIMS: dict[str, Aim] = {
         3,
     ),
     # KV group layouts shaped like the served families (gpt-oss + EAGLE3: a sliding
-    # window beside full attention holding the drafter; DeepSeek: MLA, and sliding-window
+    # window beside full attention holding the drafter; Llama 4: chunks of two blocks
+    # beside full attention holding the drafter; DeepSeek: MLA, and sliding-window
     # MLA beside it; Qwen3-Next: Mamba beside full attention, align mode most often),
     # aimed at the hybrid coordinator's events: windows of one or two blocks, so that
     # decodes soon free the blocks behind them; a pool of one to 1.5 full requests (in
@@ -560,6 +565,11 @@ AIMS: dict[str, Aim] = {
                 (GroupShape("sliding_window_mla", window_blocks=1), GroupShape("mla_attention")),
                 (GroupShape("mamba", mamba_cache_mode="align"), GroupShape("full_attention")),
                 (GroupShape("mamba"), GroupShape("full_attention")),
+                # Last, so that the draws of the layouts above keep their indices.
+                (
+                    GroupShape("chunked_local_attention", chunk_blocks=2),
+                    GroupShape("full_attention", is_eagle_group=True),
+                ),
             ),
             layout_caching=True,
         ),

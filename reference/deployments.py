@@ -134,6 +134,13 @@ DEPLOYMENTS: tuple[Deployment, ...] = (
         (_group("mamba", 16, mamba_cache_mode="align"), _FULL),
     ),
     Deployment("Qwen3 dense + DFlash (merged drafter spec)", "dflash", 7, (_FULL,)),
+    Deployment(
+        "Llama 4 + EAGLE3", "eagle3", 3,
+        (
+            _group("chunked_local_attention", attention_chunk_size=8192),
+            _group("full_attention", is_eagle_group=True),
+        ),
+    ),
     Deployment("Llama 3.x + EAGLE3", "eagle3", 3, (_FULL,)),
     Deployment(
         "Llama 3.x + EAGLE3, KV offloading", "eagle3", 3, (_FULL,),

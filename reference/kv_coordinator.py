@@ -18,7 +18,12 @@ from .prefix_cache import HitRule
 
 FULL_ATTENTION_KINDS = ("full_attention", "mla_attention")
 """Kinds vLLM schedules as full attention (``MLAAttentionSpec`` is a ``FullAttentionSpec``)."""
-CACHING_KINDS = (*FULL_ATTENTION_KINDS, "sliding_window", "sliding_window_mla")
+CACHING_KINDS = (
+    *FULL_ATTENTION_KINDS,
+    "sliding_window",
+    "sliding_window_mla",
+    "chunked_local_attention",
+)
 """Kinds whose prefix-cache hit rules the hybrid coordinator models."""
 
 
@@ -71,7 +76,7 @@ def check_hybrid_layout(config: EngineConfig) -> None:
 
 def check_hybrid_caching_layout(config: EngineConfig) -> None:
     """Refuse, by name, a layout whose prefix caching the hybrid coordinator does not
-    model: another kind's hit rules (Mamba, chunked local attention), groups of several
+    model: another kind's hit rules (Mamba), groups of several
     block sizes (finer hashes and scheduler-block alignment), or two groups of one kind
     (vLLM looks up groups of one spec together)."""
     groups = config.groups
@@ -106,6 +111,14 @@ def hybrid_caching_manager(
         flagged = [rule.drop_last_block] * len(groups)
     drops = rule.drop_last_block or release.eagle_groups_drop_without_use_eagle
     drop_groups = tuple(drops and flag for flag in flagged)
+    for index, group in enumerate(groups):
+        if drop_groups[index] and group.kind == "chunked_local_attention":
+            # ChunkedLocalAttentionManager.find_longest_cache_hit asserts it never drops.
+            raise ConfigError(
+                f"kv_groups[{index}].is_eagle_group",
+                "prefix caching with a 'chunked_local_attention' group whose hit drops its"
+                " last block (the drafter's group) is not modelled: vLLM asserts against it",
+            )
     order = sorted(
         range(len(groups)), key=lambda index: groups[index].kind not in FULL_ATTENTION_KINDS
     )

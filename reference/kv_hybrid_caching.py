@@ -9,9 +9,12 @@ every block boundary):
 - a hit is the fixed point across groups (``find_longest_cache_hit``): full attention
   (MLA alike) first, its longest run of cached blocks from the left; then a sliding
   window from the right, the ``cdiv(sliding_window - 1, block_size)`` contiguous blocks
-  its window reads ending at the hit, the blocks before them null; each group the
-  others' hit cuts (``hybrid_hit_cut`` where one group's own hit is longer than the
-  final one), full attention trimmed to the final hit;
+  its window reads ending at the hit, the blocks before them null; chunked local
+  attention the whole chunks before the one the hit ends in as null (outside the next
+  token's attention, so counted as computed), then its run of cached blocks from the left
+  (it never drops: vLLM asserts against EAGLE with it); each group the others' hit
+  cuts (``hybrid_hit_cut`` where one group's own hit is longer than the final one),
+  full attention trimmed to the final hit;
 - a group drops its last hit block where the release's ``use_eagle`` flags it (the
   group's ``is_eagle_group``, or every group where none is flagged), matching one block
   more first;
@@ -21,9 +24,9 @@ every block boundary):
   (unhashed blocks to the free queue's head, cached ones to its tail) and, when the
   request ends, its blocks last first, group after group.
 
-Kinds whose hit rules are not modelled with caching (Mamba, chunked local attention),
-groups of different block sizes and two groups of one kind are refused by
-``kv_coordinator`` before a manager is built.
+Kinds whose hit rules are not modelled with caching (Mamba), a chunked-local group whose
+hit would drop its last block (vLLM asserts against it), groups of different block sizes
+and two groups of one kind are refused by ``kv_coordinator`` before a manager is built.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ from typing import ClassVar
 from .events import AddRequest, ModelOutput
 from .kv import NO_HIT, PrefixCachingKVCacheManager, cdiv
 from .kv_hybrid import HybridKVCacheManager
-from .kv_single_type import FullAttentionManager, SlidingWindowManager
+from .kv_single_type import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    SlidingWindowManager,
+)
 from .prefix_cache import BlockPool
 from .state import GroupBlocks, RequestState, SchedulerState
 from .violations import UnmirroredVllmCrash
@@ -199,7 +206,13 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 found.pop()
             return found, len(found) * block_size
         hit: list[int] = []
-        for index in range(max_blocks):
+        if isinstance(manager, ChunkedLocalAttentionManager):
+            # The whole chunks before the one holding the hit's end are outside the next
+            # token's attention: computed, null, whether cached or not.
+            assert not drop, "vLLM asserts against a chunked-local hit that drops a block"
+            chunk = manager.attention_chunk_size
+            hit = [NULL_BLOCK] * (max(max_length, 0) // chunk * chunk // block_size)
+        for index in range(len(hit), max_blocks):
             block = pool.get_cached_block(group_key(hashes[index], group))
             if block is None:
                 break

@@ -7,7 +7,7 @@ be fed to the live vLLM, whose scheduler is built on the same groups (the number
 
 Blocks of 4 tokens (8 where a Mamba group runs in align mode). A pool of
 ``num_gpu_blocks`` lends one fewer (block 0 is the null block). Prefix caching is off
-but in the hybrid hit case, whose free queue is followed block by block (head first).
+but in the hybrid hit cases, whose free queue is followed block by block (head first).
 """
 
 from __future__ import annotations
@@ -371,6 +371,34 @@ CASES: tuple[Case, ...] = (
         {0: 31, 1: 29},
         {"window_blocks_freed": 2},
         releases=("0.33",),
+    ),
+    Case(
+        # Llama 4: chunks of 8 beside full attention, caching on, no drafter, 39 blocks
+        # lent. Step 0: r0's 16 tokens take 4 blocks a group (31), all cached (chunked
+        # local caches densely). Step 1: 16 processed skip 16 // 8 * 8 = 16 tokens: the
+        # chunked group's 4 blocks go back, cached (35); r0's 17th token takes a fifth
+        # block a group (33). r1 shares r0's first 12 tokens: full attention hits 3
+        # blocks (12 tokens); the chunked group within 12 tokens counts chunk 0 (blocks
+        # 0 and 1) as computed and null, then finds its freed block 2 cached: 12 tokens,
+        # 5 left. Its table: 2 skipped, the touched block 2 (off the free queue) and 2
+        # new; full attention 2 new beside its 3 held by r0 (33 - 1 - 4 = 28).
+        "a chunked-local hit counts the chunks before the hit's as computed",
+        config(
+            40,
+            KVGroup("chunked_local_attention", BLOCK_SIZE, attention_chunk_size=8),
+            FULL,
+            enable_prefix_caching=True,
+        ),
+        (
+            add("r0", tuple(range(16)), 4),
+            STEP,
+            sample_ids(r0=(100,)),
+            add("r1", (*range(12), *range(60, 65)), 4),
+            STEP,
+        ),
+        {0: ({"r0": 16}, {}, []), 1: ({"r0": 1, "r1": 5}, {}, [])},
+        {0: 31, 1: 28},
+        {"window_blocks_freed": 4},
     ),
     retention_follow_up(None),
     retention_follow_up(0),

@@ -35,6 +35,13 @@ def test_qwen3_next_is_refused_by_its_mamba_group_with_prefix_caching(version: s
     )
 
 
+@pytest.mark.parametrize("version", RELEASE_VERSIONS)
+def test_llama_4_replays_with_prefix_caching_on_its_chunked_local_group(version: str) -> None:
+    """Chunked local attention beside full attention, the drafter's layers in the
+    full-attention group: no release drops the chunked group's last hit block."""
+    assert family("Llama 4 + EAGLE3").verdict(version) == "replays"
+
+
 def test_a_family_at_a_retention_vllm_refuses_is_refused_by_name() -> None:
     """A positive interval that is no multiple of the block size: vLLM's coordinator
     raises, and so does the engine config check, naming the setting."""

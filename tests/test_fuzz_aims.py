@@ -19,6 +19,7 @@ from dualbudget.integration.aims import (
     full_request_blocks,
     reserve,
 )
+from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.kv_coordinator import CACHING_KINDS
 from dualbudget.spec.config import RETENTION_KINDS, ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.methods import LAYOUT_NAMES
@@ -111,6 +112,23 @@ def test_the_hybrid_aim_draws_a_sliding_window_at_both_retentions(retention: int
         settings=settings(max_examples=2000, database=None),
     )
     check_engine_config(config)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_hybrid_aim_draws_chunked_local_attention_with_caching_the_reference_runs(
+    profile: str,
+) -> None:
+    """Llama 4's layout with prefix caching on, the drafter's layers in the full-attention
+    group, so that no release drops the chunked group's last hit block (which vLLM
+    asserts against and the reference refuses)."""
+    config = find(
+        aimed_config(AIMS["hybrid"].configs, profile, "eagle"),
+        lambda config: (
+            config.enable_prefix_caching and config.groups[0].kind == "chunked_local_attention"
+        ),
+        settings=settings(max_examples=2000, database=None),
+    )
+    make_scheduler(config, profile_named(profile))
 
 
 def test_mixed_alone_may_draw_a_refused_config() -> None:

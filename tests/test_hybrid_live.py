@@ -8,6 +8,7 @@ counters pinned. Without vLLM these tests fail under CI=true, else skip.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
 from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv_single_type import SlidingWindowManager
-from dualbudget.reference.scenario import load_scenario
+from dualbudget.reference.scenario import Scenario, load_scenario
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED
 from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
@@ -84,6 +85,12 @@ FAMILIES: dict[str, tuple[KVGroup, ...]] = {
     # full-attention group.
     "sliding window + full": (
         KVGroup("sliding_window", 4, sliding_window=8),
+        KVGroup("full_attention", 4, is_eagle_group=True),
+    ),
+    # Llama 4 + EAGLE: chunked local attention beside full attention, the drafter's
+    # layers in the full-attention group.
+    "chunked local + full": (
+        KVGroup("chunked_local_attention", 4, attention_chunk_size=8),
         KVGroup("full_attention", 4, is_eagle_group=True),
     ),
     # DeepSeek V3 + MTP: one MLA group.
@@ -231,6 +238,43 @@ def test_every_method_builds_the_hybrid_aims_layouts(layout: str, profile: str) 
         assert record is not None and record.num_scheduled_tokens["r0"] > 0, shapes
 
 
+def _planted_is_found(
+    profile: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    plant: Callable[[], None],
+) -> Scenario:
+    """A small seeded fuzz of the hybrid aim (mixed, of weight 0, takes the one example
+    left over) agrees with vLLM, then finds the difference ``plant`` makes in the
+    reference; the scenario of the divergence it writes."""
+    from dualbudget.fuzz_cli import known_findings
+    from dualbudget.integration import fuzz
+    from dualbudget.integration.live import require_vllm
+
+    monkeypatch.setattr(fuzz, "AIMS", {name: AIMS[name] for name in ("mixed", "hybrid")})
+
+    def run(out: str) -> list[object]:
+        result = fuzz.run_fuzz(
+            profile=profile,
+            vllm_version=require_vllm(),
+            examples=20,
+            seed=seed,
+            out_dir=tmp_path / out,
+            known_findings=known_findings(),
+            layouts=["eagle"],
+        )
+        return list(result.divergences)
+
+    assert not run("control"), "the same fuzz without the planted difference must agree"
+    plant()
+    divergences = run("planted")
+    assert divergences, "the planted difference went unnoticed"
+    found = divergences[0]
+    assert isinstance(found, Divergence) and found.scenario_path is not None
+    return load_scenario(found.scenario_path)
+
+
 def _window_one_token_longer(self: SlidingWindowManager, num_computed_tokens: int) -> int:
     return max(0, num_computed_tokens - self.sliding_window)
 
@@ -239,36 +283,15 @@ def test_a_planted_sliding_window_difference_is_found_by_the_fuzz(
     profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference's sliding-window group keeping one token more than vLLM's (so a block
-    leaves the window a token late): a small seeded fuzz of the hybrid aim finds it, where
-    the same fuzz without it agrees."""
-    from dualbudget.fuzz_cli import known_findings
-    from dualbudget.integration import fuzz
-    from dualbudget.integration.live import require_vllm
+    leaves the window a token late) is found."""
 
-    # Only the hybrid aim (mixed, of weight 0, takes the one example left over).
-    monkeypatch.setattr(fuzz, "AIMS", {name: AIMS[name] for name in ("mixed", "hybrid")})
+    def plant() -> None:
+        monkeypatch.setattr(SlidingWindowManager, "num_skipped_tokens", _window_one_token_longer)
 
-    def run(out: str) -> list[object]:
-        result = fuzz.run_fuzz(
-            profile=profile,
-            vllm_version=require_vllm(),
-            examples=20,
-            # Seed 1's 20 examples reach no step where a block leaves the window a
-            # token late; seeds 2 to 4 do, in both releases.
-            seed=2,
-            out_dir=tmp_path / out,
-            known_findings=known_findings(),
-            layouts=["eagle"],
-        )
-        return list(result.divergences)
-
-    assert not run("control"), "the same fuzz without the planted difference must agree"
-    monkeypatch.setattr(SlidingWindowManager, "num_skipped_tokens", _window_one_token_longer)
-    divergences = run("planted")
-    assert divergences, "the planted sliding-window difference went unnoticed"
-    found = divergences[0]
-    assert isinstance(found, Divergence) and found.scenario_path is not None
-    assert load_scenario(found.scenario_path).config.kv_groups
+    # Seed 3's 20 examples reach a step where a block leaves the window a token late in
+    # both releases (under 0.32 seeds 2 and 4 do not).
+    found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
+    assert found.config.kv_groups
 
 
 def _every_block_retained(
@@ -287,30 +310,10 @@ def test_a_planted_dense_retention_is_found_by_the_fuzz(
 ) -> None:
     """The reference's sliding-window group caching every block whatever the config's
     ``prefix_cache_retention_interval`` (vLLM's engine default 0 keeps only the blocks a
-    replay or a junction resumes at): a small seeded fuzz of the hybrid aim finds it,
-    where the same fuzz without it agrees."""
-    from dualbudget.fuzz_cli import known_findings
-    from dualbudget.integration import fuzz
-    from dualbudget.integration.live import require_vllm
+    replay or a junction resumes at) is found."""
 
-    monkeypatch.setattr(fuzz, "AIMS", {name: AIMS[name] for name in ("mixed", "hybrid")})
+    def plant() -> None:
+        monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "retained", _every_block_retained)
 
-    def run(out: str) -> list[object]:
-        result = fuzz.run_fuzz(
-            profile=profile,
-            vllm_version=require_vllm(),
-            examples=20,
-            seed=1,
-            out_dir=tmp_path / out,
-            known_findings=known_findings(),
-            layouts=["eagle"],
-        )
-        return list(result.divergences)
-
-    assert not run("control"), "the same fuzz without the planted difference must agree"
-    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "retained", _every_block_retained)
-    divergences = run("planted")
-    assert divergences, "the planted dense retention went unnoticed"
-    found = divergences[0]
-    assert isinstance(found, Divergence) and found.scenario_path is not None
-    assert load_scenario(found.scenario_path).config.prefix_cache_retention_interval == 0
+    found = _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
+    assert found.config.prefix_cache_retention_interval == 0

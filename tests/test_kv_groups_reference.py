@@ -181,16 +181,6 @@ def test_mamba_groups_share_one_cache_mode() -> None:
         (
             {
                 "enable_prefix_caching": True,
-                "kv_groups": (
-                    KVGroup("chunked_local_attention", 4, attention_chunk_size=8),
-                    FULL,
-                ),
-            },
-            "kv_groups[0].kind",
-        ),
-        (
-            {
-                "enable_prefix_caching": True,
                 "kv_groups": (SLIDING_WINDOW, KVGroup("full_attention", 8)),
             },
             "kv_groups[1].block_size",
@@ -208,6 +198,23 @@ def test_what_the_coordinator_does_not_model_is_refused(
     with pytest.raises(ConfigError) as err:
         Scheduler(hybrid, profile_named("vllm-0.33"))
     assert err.value.field == field
+
+
+def test_a_chunked_local_group_whose_hit_drops_a_block_is_refused() -> None:
+    """0.32's EAGLE drops every group's last hit block where none is marked as the
+    drafter's, which vLLM's chunked-local hit asserts against; 0.33's lookahead hashes
+    drop none, so the same layout runs."""
+    llama4 = config(
+        16,
+        KVGroup("chunked_local_attention", 4, attention_chunk_size=8),
+        FULL,
+        method="eagle",
+        enable_prefix_caching=True,
+    )
+    with pytest.raises(ConfigError) as err:
+        Scheduler(llama4, profile_named("vllm-0.32"))
+    assert err.value.field == "kv_groups[0].is_eagle_group"
+    Scheduler(llama4, profile_named("vllm-0.33"))
 
 
 def test_the_scenario_format_reads_and_writes_kv_groups() -> None:
