@@ -29,7 +29,7 @@ import hypothesis.strategies as st
 from hypothesis.stateful import initialize
 
 from dualbudget.reference.kv import cdiv
-from dualbudget.reference.kv_coordinator import CACHING_KINDS
+from dualbudget.reference.kv_coordinator import caching_modelled
 from dualbudget.spec.config import RETENTION_KINDS, EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
@@ -227,7 +227,7 @@ class ConfigBounds:
     group, and nothing is drawn for it."""
     layout_caching: bool = False
     """Prefix caching drawn on (mostly) or off for a drawn layout whose every kind the
-    reference's coordinator models with caching (``kv_coordinator.CACHING_KINDS``); off
+    reference's coordinator models with caching (``kv_coordinator.caching_modelled``); off
     for others."""
 
 
@@ -308,7 +308,7 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
         groups = tuple(shape.at(block_size) for shape in layout_shape)
     caching = bounds.prefix_caching
     retention: int | None = None
-    if bounds.layout_caching and all(group.kind in CACHING_KINDS for group in groups):
+    if bounds.layout_caching and all(caching_modelled(group) for group in groups):
         # On in three draws of four: hit cuts need a cached prefix asked again after
         # the pool evicted one group's blocks of it, which few examples reach.
         caching = draw(st.sampled_from((True, True, True, False)), label="enable_prefix_caching")
@@ -539,9 +539,10 @@ AIMS: dict[str, Aim] = {
     # every group), so that growing decodes preempt under the shared pool; budgets below
     # the prompts now and then, so that a prefill chunk ends off a block boundary and
     # Mamba's align mode moves it back. Prefix caching is on in most draws of the
-    # layouts without Mamba (the reference does not model Mamba's cache hits), with
-    # arrivals sharing prefixes, so that one group's hit is cut by another's; their
-    # sliding-window groups mostly at vLLM's engine retention 0.
+    # layouts whose caching the reference models (all but Mamba in mode none), with
+    # arrivals sharing prefixes, so that one group's hit is cut by another's and a Mamba
+    # state hit waits for the step that cached it; their sliding-window and Mamba
+    # groups mostly at vLLM's engine retention 0.
     "hybrid": Aim(
         ConfigBounds(
             budgets=every(

@@ -165,6 +165,17 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
         # sets from cache_config (default 0, sparse); a scheduler built on its own
         # KVCacheConfig runs that one's (None, dense).
         "prefix_cache_retention_interval": kv_cache_config.prefix_cache_retention_interval,
+        "mamba_prefill_checkpoint_blocks": max(
+            (
+                int(getattr(group.kv_cache_spec, "num_prefill_checkpoint_blocks", 0))
+                for group in kv_cache_config.kv_cache_groups
+            ),
+            default=0,
+        ),
+        "prefix_match_unit": vllm_config.cache_config.prefix_match_unit,
+        "enable_mamba_shared_prefix_checkpoint": bool(
+            vllm_config.cache_config.enable_mamba_shared_prefix_checkpoint
+        ),
         "enable_lora": vllm_config.lora_config is not None,
         # cache_config.kv_offloading_size becomes a kv_transfer_config in VllmConfig's
         # __post_init__, so the connector covers offloading too.

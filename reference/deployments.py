@@ -130,7 +130,12 @@ DEPLOYMENTS: tuple[Deployment, ...] = (
         {"decode_context_parallel_size": 8},
     ),
     Deployment(
-        "Qwen3-Next + MTP", "mtp", 2,
+        "Qwen3-Next + MTP on Hopper (FlashInfer prefill)", "mtp", 2,
+        (_group("mamba", 16, mamba_cache_mode="align"), _FULL),
+        {"mamba_prefill_checkpoint_blocks": 1},
+    ),
+    Deployment(
+        "Qwen3-Next + MTP, Triton prefill", "mtp", 2,
         (_group("mamba", 16, mamba_cache_mode="align"), _FULL),
     ),
     Deployment("Qwen3 dense + DFlash (merged drafter spec)", "dflash", 7, (_FULL,)),

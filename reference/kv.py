@@ -137,10 +137,10 @@ class KVCacheManager:
         """``free`` on a preemption (a manager may count it)."""
         self.free(state, request)
 
-    def block_aligned_split(self) -> Callable[[RequestState, int], int] | None:
-        """The scheduler's ``_mamba_block_aligned_split`` of a chunk (request, tokens
-        granted -> tokens scheduled), where a Mamba group runs in ``align`` mode; None
-        elsewhere."""
+    def block_aligned_split(self) -> Callable[[RequestState, int, int], int] | None:
+        """The scheduler's ``_mamba_block_aligned_split`` of a chunk (request, its first
+        token, tokens granted -> tokens scheduled), where a Mamba group runs in ``align``
+        mode; None elsewhere."""
         return None
 
 

@@ -8,7 +8,7 @@ is refused by name.
 
 from __future__ import annotations
 
-from dualbudget.spec.config import ConfigError, EngineConfig
+from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
 from .kv import KVCacheManager, PrefixCachingKVCacheManager
@@ -23,8 +23,18 @@ CACHING_KINDS = (
     "sliding_window",
     "sliding_window_mla",
     "chunked_local_attention",
+    "mamba",
 )
-"""Kinds whose prefix-cache hit rules the hybrid coordinator models."""
+"""Kinds whose prefix-cache hit rules the hybrid coordinator models (Mamba in ``align``
+mode only: ``caching_modelled``)."""
+
+
+def caching_modelled(group: KVGroup) -> bool:
+    """Whether the hybrid coordinator models prefix caching on ``group``: vLLM caches Mamba
+    states only in ``align`` mode (its ``MambaManager`` asserts it)."""
+    return group.kind in CACHING_KINDS and (
+        group.kind != "mamba" or group.mamba_cache_mode == "align"
+    )
 
 
 def manager_for(
@@ -76,7 +86,7 @@ def check_hybrid_layout(config: EngineConfig) -> None:
 
 def check_hybrid_caching_layout(config: EngineConfig) -> None:
     """Refuse, by name, a layout whose prefix caching the hybrid coordinator does not
-    model: another kind's hit rules (Mamba), groups of several
+    model: another kind's hit rules (Mamba out of ``align`` mode), groups of several
     block sizes (finer hashes and scheduler-block alignment), or two groups of one kind
     (vLLM looks up groups of one spec together)."""
     groups = config.groups
@@ -85,6 +95,12 @@ def check_hybrid_caching_layout(config: EngineConfig) -> None:
             raise ConfigError(
                 f"kv_groups[{index}].kind",
                 f"prefix caching with a {group.kind!r} group is not modelled",
+            )
+        if not caching_modelled(group):
+            raise ConfigError(
+                f"kv_groups[{index}].mamba_cache_mode",
+                f"prefix caching with a Mamba group in {group.mamba_cache_mode!r} mode:"
+                " vLLM caches Mamba states only in 'align' mode",
             )
         if group.block_size != groups[0].block_size:
             raise ConfigError(
@@ -135,10 +151,14 @@ def hybrid_caching_manager(
         manager.observed,
         manager.split_block_size,
         manager.max_prefill_tokens,
-        manager.drop_eagle_block,
+        # With caching on, lookahead hashes replace the drop (0.33's use_eagle_block_drop
+        # is off where num_hash_lookahead_tokens is on).
+        rule.drop_last_block,
         hashing,
         drop_groups,
         tuple(order),
         retention_interval=config.prefix_cache_retention_interval,
         retains_block_below_junction=release.retains_block_below_junction,
+        rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
+        without_mamba=all(group.kind != "mamba" for group in groups),
     )

@@ -129,15 +129,22 @@ class HybridKVCacheManager(KVCacheManager):
             self.observed["hybrid_preempt"] += 1
         self.free(state, request)
 
-    def block_aligned_split(self) -> Callable[[RequestState, int], int] | None:
+    def block_aligned_split(self) -> Callable[[RequestState, int, int], int] | None:
         return self._mamba_block_aligned_split if self.split_block_size else None
 
-    def _mamba_block_aligned_split(self, request: RequestState, num_new_tokens: int) -> int:
-        """``Scheduler._mamba_block_aligned_split`` (no cache hit, no prefill checkpoint
-        blocks, no shared-prefix junction): a prefill chunk ends on a block boundary
-        (unless it ends the prefill, or a block is wider than a chunk can be), never past
-        a boundary it starts short of, nor past the last reusable state."""
-        start = request.num_computed_tokens
+    def junction(self, request: RequestState) -> int:
+        """``Request.shared_prefix_boundary``: 0 without prefix caching."""
+        return 0
+
+    def _mamba_block_aligned_split(
+        self, request: RequestState, start: int, num_new_tokens: int
+    ) -> int:
+        """``Scheduler._mamba_block_aligned_split`` of a chunk from token ``start`` (the
+        computed tokens and the cache hit; no prefill checkpoint blocks, no partial hash
+        hits): a prefill chunk ends on a block boundary (unless it ends the prefill, or a
+        block is wider than a chunk can be), never past a boundary it starts short of, nor
+        past the last reusable state, nor past the block-floored shared-prefix junction
+        (where a sibling's longer hit in another group ends: its state is cached there)."""
         num_tokens = request.prompt_len + request.num_output_tokens
         prefill_end = max(request.prompt_len, num_tokens - 1)
         if start >= prefill_end:
@@ -150,7 +157,11 @@ class HybridKVCacheManager(KVCacheManager):
             if aligned_end > start or block_size <= self.max_prefill_tokens:
                 end = aligned_end
         next_block_boundary = (start // block_size + 1) * block_size if start % block_size else 0
-        for stop in (next_block_boundary, last_cache_position):
+        junction = self.junction(request)
+        junction_stop = 0
+        if start < junction < end:
+            junction_stop = start + (junction - start) // block_size * block_size
+        for stop in (next_block_boundary, last_cache_position, junction_stop):
             if start < stop < end:
                 end = stop
         split = max(end - start, 0)
@@ -159,9 +170,9 @@ class HybridKVCacheManager(KVCacheManager):
         return split
 
     def _checkpoint_position(self, num_tokens: int) -> int:
-        """``get_mamba_prefill_checkpoint_position`` (no lookahead hashes: caching is
-        off): the last block boundary whose state a resend could reuse, one token left
-        to recompute, or a block less where the drafter's last block is dropped."""
+        """``get_mamba_prefill_checkpoint_position``: the last block boundary whose state a
+        resend could reuse, one token left to recompute (or the one lookahead token a
+        hash covers), or a block less where the drafter's last block is dropped."""
         block_size = self.split_block_size
         if self.drop_eagle_block:
             return max(num_tokens // block_size * block_size - block_size, 0)

@@ -24,9 +24,25 @@ every block boundary):
   (unhashed blocks to the free queue's head, cached ones to its tail) and, when the
   request ends, its blocks last first, group after group.
 
-Kinds whose hit rules are not modelled with caching (Mamba), a chunked-local group whose
-hit would drop its last block (vLLM asserts against it), groups of different block sizes
-and two groups of one kind are refused by ``kv_coordinator`` before a manager is built.
+A Mamba group (``align`` mode, ``MambaManager``) keeps one state per block boundary:
+
+- its hit is the one cached state block nearest the candidate length, searched from the
+  right, the places before it null; it never drops a block (drafters have no Mamba
+  layers), so the coordinator gives it no margin either;
+- it asks for the state blocks of the main model's tokens and its speculative blocks (no
+  lookahead slots), at most one a step (one plus the speculative blocks the first time);
+  running, it frees every real block before the last state's, then the state block of
+  two steps ago, and moves the speculative blocks left behind to the table's end;
+- it caches the state blocks it holds (as ``prefix_cache_retention_interval`` retains
+  them), and the prompt's last reusable state (``_cache_partial_tail_block``); a hit on a
+  state block cached in the same step waits a step (``cached_blocks_this_step``), since
+  that state exists only once the step has run.
+
+What stays out is refused by ``kv_coordinator`` before a manager is built: Mamba out of
+``align`` mode, a chunked-local group whose hit would drop its last block (vLLM asserts
+against it), groups of different block sizes (so no partial hash hits, whose copy-on-write
+tail this does not model) and two groups of one kind. The live adapter builds Mamba specs
+without prefill checkpoint blocks, the only kind modelled.
 """
 
 from __future__ import annotations
@@ -40,6 +56,8 @@ from .kv_hybrid import HybridKVCacheManager
 from .kv_single_type import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
+    MambaAlignManager,
+    MambaManager,
     SlidingWindowManager,
 )
 from .prefix_cache import BlockPool
@@ -79,6 +97,15 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     junctions: dict[str, int] = field(default_factory=dict)
     """``Request.shared_prefix_boundary``, from each request's last lookup: the longest
     single-group hit where another group cut it (0 where none did)."""
+    cached_this_step: dict[str, int] = field(default_factory=dict)
+    """A Mamba group's ``cached_blocks_this_step``, as the step (``state.num_steps``) each
+    key was last cached in: vLLM clears the set when a step starts."""
+    rekeys_cached_mamba_tail: bool = False
+    """The release's ``rekeys_cached_mamba_tail``."""
+    without_mamba: bool = False
+    """No group is Mamba: every group counts a running request's blocks past its table
+    alike, and caches nothing once its full blocks are cached (the fast paths of
+    ``allocate_slots`` and ``cache_blocks`` rest on it)."""
 
     enable_caching: ClassVar[bool] = True
 
@@ -91,6 +118,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         """An empty block table in every group, and the request's block hashes."""
         request.kv_groups = [GroupBlocks() for _ in self.groups]
         self._hashing().add_request(request, event)
+
+    def junction(self, request: RequestState) -> int:
+        return self.junctions.get(request.request_id, 0)
 
     def check_output(self, state: SchedulerState, event: ModelOutput) -> None:
         self._hashing().check_output(state, event)
@@ -132,8 +162,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     continue
                 drop = self.drop_groups[group] and index not in eagle_verified
                 max_length = current
-                if drop:
-                    # Match one block more, then drop it: back at the candidate length.
+                if drop and not isinstance(self.groups[group], MambaManager):
+                    # Match one block more, then drop it: back at the candidate length
+                    # (a Mamba search never drops, so it gets no margin either).
                     max_length = min(current + block_size, len(hashes) * block_size)
                 found, length = self._find(pool, hashes, group, max_length, drop)
                 if drop:
@@ -182,6 +213,14 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         ``max_length`` tokens."""
         manager, block_size = self.groups[group], self.block_size
         max_blocks = max_length // block_size
+        if isinstance(manager, MambaManager):
+            # From the right: the one state block ending at the hit, the places before it
+            # null; no drop, as drafters have no Mamba layers.
+            for index in range(max_blocks - 1, -1, -1):
+                block = pool.get_cached_block(group_key(hashes[index], group))
+                if block is not None:
+                    return [NULL_BLOCK] * index + [block], (index + 1) * block_size
+            return [], 0
         if isinstance(manager, SlidingWindowManager):
             # From the right: the window's contiguous blocks (one more where the last
             # is dropped) ending at the hit; those before it are never read.
@@ -238,6 +277,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         blocks: GroupBlocks,
         hit: tuple[int, ...],
         num_tokens: int,
+        num_tokens_main_model: int,
         total_computed_tokens: int,
         admission: bool,
     ) -> int:
@@ -245,6 +285,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         (in ``num_cached_block``) asks the blocks past its table; any other the blocks
         past its table, its hit and the skipped blocks, plus the hit blocks a touch
         takes off the free queue."""
+        if isinstance(group, MambaAlignManager):
+            return self._mamba_blocks_to_allocate(pool, group, blocks, hit, num_tokens_main_model)
         required = cdiv(num_tokens, group.block_size)
         cap = group.admission_cap
         if admission and cap is not None and cap < required:
@@ -257,6 +299,41 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         touched = hit[max(0, skipped - held) :]
         return num_new + sum(1 for block in touched if block and pool.ref_cnt[block] == 0)
 
+    @staticmethod
+    def _mamba_blocks_to_allocate(
+        pool: BlockPool,
+        group: MambaAlignManager,
+        blocks: GroupBlocks,
+        hit: tuple[int, ...],
+        num_tokens_main_model: int,
+    ) -> int:
+        """``MambaManager.get_num_blocks_to_allocate`` in ``align`` mode: the state blocks
+        of the main model's tokens and the speculative blocks, past the hit and the table,
+        at most one a step (one plus the speculative blocks the first time), plus the hit
+        blocks a touch takes off the free queue. vLLM returns a negative count as it is:
+        a table longer than needed lowers what the other groups are asked."""
+        num_new = (
+            cdiv(num_tokens_main_model, group.block_size)
+            + group.num_speculative_blocks
+            - len(hit)
+            - len(blocks.block_ids)
+        )
+        if num_new > 0:
+            num_new = min(num_new, 1 if blocks.allocated else 1 + group.num_speculative_blocks)
+        return num_new + sum(1 for block in hit if block and pool.ref_cnt[block] == 0)
+
+    def _hit_state_pending(self, state: SchedulerState, hits: list[tuple[int, ...]]) -> bool:
+        """Whether a Mamba group's hit ends on a state block cached in this very step:
+        vLLM then asks for more blocks than the pool has (``num_gpu_blocks + 1``), so the
+        request waits a step, until the state exists."""
+        pool = self.pool(state)
+        for group, hit in zip(self.groups, hits, strict=True):
+            if hit and isinstance(group, MambaManager):
+                key = pool.block_hash[hit[-1]]
+                if key is not None and self.cached_this_step.get(key) == state.num_steps:
+                    return True
+        return False
+
     def full_sequence_fits(
         self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
     ) -> bool:
@@ -265,11 +342,15 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         as held and its free blocks as taken, summed."""
         pool = self.pool(state)
         hits = self._split_hit(hit)
+        if self._hit_state_pending(state, hits):
+            return False
         hit_tokens = len(hits[0]) * self.block_size
         total_computed = min(request.num_computed_tokens + hit_tokens, self.max_model_len)
         full = min(request.num_tokens, self.max_model_len)
         wanted = sum(
-            self._num_blocks_to_allocate(pool, group, blocks, group_hit, full, total_computed, True)
+            self._num_blocks_to_allocate(
+                pool, group, blocks, group_hit, full, full, total_computed, True
+            )
             for group, blocks, group_hit in zip(self.groups, request.kv_groups, hits, strict=True)
         )
         return wanted <= state.free_blocks
@@ -285,8 +366,18 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         held, its free blocks taken); then touch the hit, hand out each group's new
         blocks and cache every group's full blocks of the tokens computed by the end of
         the step."""
+        if not hit and self.without_mamba:
+            for blocks in request.kv_groups:
+                if blocks.num_cached_blocks < 0:
+                    break
+            else:
+                # Every group counts the request in num_cached_block: a running request.
+                return self._allocate_running(state, request, num_new_tokens)
         pool = self.pool(state)
         hits = self._split_hit(hit)
+        if self._hit_state_pending(state, hits):
+            # Only a new request has a hit, and it holds no blocks to free first.
+            return False
         num_local_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
         total_computed = min(num_local_computed, self.max_model_len)
         main = total_computed + num_new_tokens
@@ -297,7 +388,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         groups = list(zip(self.groups, request.kv_groups, hits, strict=True))
         wanted = sum(
             self._num_blocks_to_allocate(
-                pool, group, blocks, group_hit, need_slot, num_local_computed, False
+                pool, group, blocks, group_hit, need_slot, main, num_local_computed, False
             )
             for group, blocks, group_hit in groups
         )
@@ -310,7 +401,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 self._add_hit(pool, group, blocks, group_hit, num_local_computed)
         taken = 0
         for group, blocks, _ in groups:
-            num_new = cdiv(need_slot, group.block_size) - len(blocks.block_ids)
+            if isinstance(group, MambaAlignManager):
+                num_new = self._place_mamba_blocks(pool, group, blocks, main)
+            else:
+                num_new = cdiv(need_slot, group.block_size) - len(blocks.block_ids)
             if num_new <= 0:
                 continue
             if num_new > pool.num_free_blocks:
@@ -336,6 +430,81 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         self.cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
         return True
 
+    def _allocate_running(
+        self, state: SchedulerState, request: RequestState, num_new_tokens: int
+    ) -> bool:
+        """``allocate_slots`` for a running request (every group counts it in
+        ``num_cached_block``, no hit) without a Mamba group: each group asks the blocks
+        past its table, of the one block size; the count fitting the free blocks, no
+        group can take more than the pool holds, and no hit cut is pending."""
+        total_computed = min(request.num_computed_tokens, self.max_model_len)
+        need_slot = min(
+            total_computed + num_new_tokens + self.num_lookahead_tokens, self.max_model_len
+        )
+        processed = total_computed - request.num_in_flight_tokens
+        self.remove_skipped_blocks(state, request, processed if processed > 0 else 0)
+        required = cdiv(need_slot, self.block_size)
+        wanted = 0
+        for blocks in request.kv_groups:
+            num_new = required - len(blocks.block_ids)
+            if num_new > 0:
+                wanted += num_new
+        if wanted > state.free_blocks:
+            return False
+        if wanted:
+            pool = self.pool(state)
+            for blocks in request.kv_groups:
+                num_new = required - len(blocks.block_ids)
+                if num_new > 0:
+                    new_blocks, evicted = pool.get_new_blocks(num_new)
+                    self.observed["cached_block_evicted"] += evicted
+                    blocks.block_ids += new_blocks
+            request.num_blocks += wanted
+            state.free_blocks = pool.num_free_blocks
+        self.cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
+        return True
+
+    @staticmethod
+    def _place_mamba_blocks(
+        pool: BlockPool, group: MambaAlignManager, blocks: GroupBlocks, num_tokens_main_model: int
+    ) -> int:
+        """``MambaManager.allocate_new_blocks`` in ``align`` mode up to taking blocks: the
+        previous state block is remembered (a hit's block, the first time), the table is
+        padded with null places up to the new running state's, and the speculative blocks
+        the running state leaves behind move to its end. Returns how many blocks it
+        takes."""
+        table, num_spec = blocks.block_ids, group.num_speculative_blocks
+        required = cdiv(num_tokens_main_model, group.block_size) + num_spec
+        allocated = blocks.allocated
+        blocks.allocated = True
+        if required <= len(table):
+            return 0
+        prev = len(table)
+        if allocated:
+            blocks.last_state_block_idx = prev - 1 - num_spec
+        elif prev > 0:
+            blocks.last_state_block_idx = prev - 1
+        num_skipped = required - num_spec - 1
+        if prev < num_skipped:
+            table += [NULL_BLOCK] * (num_skipped - prev)
+        if allocated:
+            for index in range(prev - num_spec, min(prev, num_skipped)):
+                block = table[index]
+                if not block or pool.ref_cnt[block] != 1 or pool.block_hash[block] is not None:
+                    raise UnmirroredVllmCrash(
+                        "vLLM's MambaManager asserts a speculative block it moves is its own"
+                        f" and uncached, but block {block} is shared or cached"
+                    )
+                table.append(block)
+                table[index] = NULL_BLOCK
+        num_new = max(required - len(table), 0)
+        if num_new > (1 if allocated else 1 + num_spec):
+            raise UnmirroredVllmCrash(
+                "vLLM's MambaManager asserts it takes at most one state block a step,"
+                f" not {num_new}"
+            )
+        return num_new
+
     def _add_hit(
         self,
         pool: BlockPool,
@@ -359,6 +528,11 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         place, the blocks attention no longer reads."""
         pool = self.pool(state)
         for group, blocks in zip(self.groups, request.kv_groups, strict=True):
+            if isinstance(group, MambaAlignManager):
+                request.num_blocks -= self._retire_mamba_blocks(
+                    pool, group, blocks, processed_computed_tokens
+                )
+                continue
             skipped_tokens = group.num_skipped_tokens(processed_computed_tokens)
             if skipped_tokens <= 0:
                 continue
@@ -376,13 +550,53 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     self.observed["window_blocks_freed"] += len(freed)
         state.free_blocks = pool.num_free_blocks
 
+    @staticmethod
+    def _retire_mamba_blocks(
+        pool: BlockPool,
+        group: MambaAlignManager,
+        blocks: GroupBlocks,
+        processed_computed_tokens: int,
+    ) -> int:
+        """``MambaManager.remove_skipped_blocks`` in ``align`` mode: every real block
+        before the last state's (``_remove_blocks_in_range`` skips the null gaps and
+        remembers how far it retired), then the state block of two steps ago once the
+        processed tokens are past it. Returns how many went back to the pool."""
+        ids, block_size = blocks.block_ids, group.block_size
+        freed = 0
+        skipped_tokens = processed_computed_tokens - 1
+        if skipped_tokens > 0:
+            first = blocks.num_retired_blocks
+            last = min(skipped_tokens // block_size, len(ids))
+            if first < last:
+                retired = [ids[index] for index in range(last - 1, first - 1, -1) if ids[index]]
+                ids[first:last] = [NULL_BLOCK] * (last - first)
+                pool.free_blocks(retired)
+                freed += len(retired)
+                blocks.num_retired_blocks = last
+        last_state = blocks.last_state_block_idx
+        if 0 <= last_state < cdiv(processed_computed_tokens, block_size) - 1 and ids[last_state]:
+            pool.free_blocks([ids[last_state]])
+            ids[last_state] = NULL_BLOCK
+            freed += 1
+        return freed
+
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
         """The coordinator's ``cache_blocks``: each group's full blocks of the first
         ``num_tokens`` tokens (as far as the request has hashes) get its key, but null
         places and the sliding-window blocks retention drops (``retained``)."""
-        pool = self.pool(state)
         hashes = request.block_hashes or ()
+        if self.without_mamba:
+            num_full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
+            for blocks in request.kv_groups:
+                if blocks.num_cached_blocks < num_full:
+                    break
+            else:
+                return  # every group caches that far already
+        pool = self.pool(state)
         for index, (group, blocks) in enumerate(zip(self.groups, request.kv_groups, strict=True)):
+            if isinstance(group, MambaAlignManager):
+                self._cache_mamba_blocks(state, request, index, blocks, num_tokens)
+                continue
             num_cached = max(blocks.num_cached_blocks, 0)
             num_full = min(num_tokens, len(hashes) * self.block_size) // group.block_size
             if num_cached >= num_full:
@@ -400,6 +614,100 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     pool.block_hash[block] = key
                     pool.cached.setdefault(key, []).append(block)
             blocks.num_cached_blocks = num_full
+
+    def _cache_mamba_blocks(
+        self,
+        state: SchedulerState,
+        request: RequestState,
+        index: int,
+        blocks: GroupBlocks,
+        num_tokens: int,
+    ) -> None:
+        """``MambaManager.cache_blocks`` in ``align`` mode: the state blocks up to the
+        cacheable tokens get their key where retention keeps them (``mamba_retained``),
+        then the prompt's last reusable state (``_cache_partial_tail_block``); each key
+        cached joins ``cached_this_step``."""
+        pool, block_size = self.pool(state), self.block_size
+        hashes = request.block_hashes or ()
+        ids, step = blocks.block_ids, state.num_steps
+        # get_num_cacheable_tokens: a group that does not drop its last hit block caches up
+        # to a block boundary.
+        cacheable = num_tokens if self.drop_groups[index] else num_tokens // block_size * block_size
+        num_cached = max(blocks.num_cached_blocks, 0)
+        num_full = min(cacheable, len(hashes) * block_size) // block_size
+        if num_cached < num_full:
+            mask = self.mamba_retained(request, index, num_cached, num_full)
+            for place in range(num_cached, min(num_full, len(ids))):
+                block = ids[place]
+                if not block or (mask is not None and not mask[place - num_cached]):
+                    continue
+                key = pool.block_hash[block]
+                if key is None:
+                    key = group_key(hashes[place], index)
+                    pool.block_hash[block] = key
+                    pool.cached.setdefault(key, []).append(block)
+                self.cached_this_step[key] = step
+            blocks.num_cached_blocks = num_full
+        if (
+            cacheable <= 0
+            or cacheable % block_size
+            or cacheable != self._checkpoint_position(request.prompt_len)
+        ):
+            return
+        place = cacheable // block_size - 1
+        if place >= len(ids) or not ids[place]:
+            return
+        block, key = ids[place], group_key(hashes[place], index)
+        if pool.block_hash[block] == key:
+            # 0.33 leaves a state keyed at this boundary already alone; 0.32 marks it
+            # cached this step again, so a sibling's hit on it waits another step.
+            if self.rekeys_cached_mamba_tail:
+                self.cached_this_step[key] = step
+            return
+        # A state block only ever holds its own place's state: keyed here or not at all.
+        assert pool.block_hash[block] is None, f"Mamba block {block} keyed at another place"
+        pool.block_hash[block] = key
+        pool.cached.setdefault(key, []).append(block)
+        self.cached_this_step[key] = step
+
+    def mamba_retained(
+        self, request: RequestState, index: int, start: int, end: int
+    ) -> list[bool] | None:
+        """``MambaManager.reachable_block_mask`` for blocks ``start:end`` of group
+        ``index`` (None: every block). A hit needs only the one state block ending at it:
+        at ``retention_interval`` None every block, at N > 0 the last of each N-token
+        segment (every block where N is a block or less), and from 0 on also those ending
+        at the places a later request resumes (``reachable_boundaries``)."""
+        block_size, interval = self.block_size, self.retention_interval
+        if interval is None:
+            return None
+        mask = [False] * (end - start)
+        if interval:
+            per_segment = interval // block_size
+            if per_segment <= 1:
+                return None
+            first = (start + per_segment) // per_segment * per_segment - 1
+            for offset in range(first - start, end - start, per_segment):
+                mask[offset] = True
+        for boundary in self.reachable_boundaries(request, index):
+            place = boundary // block_size - 1
+            if start <= place < end:
+                mask[place - start] = True
+        return mask
+
+    def reachable_boundaries(self, request: RequestState, index: int) -> list[int]:
+        """The base ``cache_blocks``' reachable boundaries of group ``index``: where a
+        replay resumes (``replay_boundaries``) and the shared-prefix junction, with, in a
+        dropping group where the release keeps it, the block below the junction (a
+        sibling diverging right after the junction cannot peek the block past it, so its
+        hit lands one block lower)."""
+        boundaries = list(self.replay_boundaries(request.prompt_len))
+        junction = self.junctions.get(request.request_id, 0)
+        if junction:
+            boundaries.append(junction)
+            if self.drop_groups[index] and self.retains_block_below_junction:
+                boundaries.append(junction - self.block_size)
+        return boundaries
 
     def retained(
         self,
@@ -431,15 +739,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     mask[place - start] = True
         if interval is None:
             return mask
-        boundaries = list(self.replay_boundaries(request.prompt_len))
-        junction = self.junctions.get(request.request_id, 0)
-        if junction:
-            boundaries.append(junction)
-            if eagle and self.retains_block_below_junction:
-                # A sibling diverging right after the junction cannot peek the block
-                # past it, so its hit lands one block lower.
-                boundaries.append(junction - block_size)
-        for boundary in boundaries:
+        for boundary in self.reachable_boundaries(request, index):
             tail_end = boundary // block_size + shift
             for place in range(max(start, tail_end - need), min(end, tail_end)):
                 mask[place - start] = True

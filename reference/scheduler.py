@@ -329,7 +329,7 @@ class Scheduler:
                 q = cap
             if split is not None:
                 # Mamba align: the chunk ends where a state is cached, before its charge.
-                q = split(request, q)
+                q = split(request, computed, q)
             if q <= 0:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
@@ -472,8 +472,9 @@ class Scheduler:
                     continue
                 break
             if split is not None:
-                # Mamba align: the chunk ends where a state is cached, before its charge.
-                q = split(request, q)
+                # Mamba align: the chunk ends where a state is cached, before its charge
+                # (a cache hit's end is where the chunk starts).
+                q = split(request, computed, q)
                 if q == 0:
                     break
                 if padded and q != 1 + k:

@@ -203,10 +203,32 @@ SETTINGS: tuple[Setting, ...] = (
         " cache_config.prefix_cache_retention_interval there, default 0)",
         None, True, None,
         "sliding-window and Mamba groups cache only the blocks at replay boundaries (0) or"
-        " one tail per interval tokens, not every block (None): fewer prefix hits (the"
-        " reference models it for sliding-window groups; Mamba with prefix caching is"
-        " refused by its group kind)",
+        " one tail per interval tokens, not every block (None): fewer prefix hits",
         recorded_since=3, optional=True, engine_default=0,
+    ),
+    Setting(
+        "mamba_prefill_checkpoint_blocks",
+        "kv_cache_config.kv_cache_groups[].kv_cache_spec.num_prefill_checkpoint_blocks"
+        " (MambaSpec; 1 where Qwen's gated delta net layers run FlashInfer's prefill"
+        " kernel, Hopper's default)",
+        0, False, 0,
+        "a Mamba group in align mode saves the prompt's reusable state inside a prefill"
+        " chunk, in a block it reserves, instead of the scheduler ending the chunk there",
+        recorded_since=3, optional=True,
+    ),
+    Setting(
+        "prefix_match_unit", "cache_config.prefix_match_unit (the hash block size of"
+        " several KV groups)", None, False, None,
+        "prefix hits land on a hash block finer than the groups' block: a Mamba group's"
+        " partial hits copy its tail state",
+        recorded_since=3, optional=True,
+    ),
+    Setting(
+        "enable_mamba_shared_prefix_checkpoint",
+        "cache_config.enable_mamba_shared_prefix_checkpoint", False, False, False,
+        "with partial hash hits, a Mamba prefill chunk also ends at a shared-prefix junction"
+        " that is not on a block boundary",
+        recorded_since=3, optional=True,
     ),
     Setting(
         "enable_lora", "lora_config (set: not None)", False, False, False,

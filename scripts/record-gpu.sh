@@ -14,8 +14,13 @@
 #                    tensor parallel 8 by default
 #   qwen3-next-mtp   Qwen/Qwen3-Next-80B-A3B-Instruct with its MTP module, K 2: Mamba
 #                    (gated delta net) + full attention groups, mamba_cache_mode align
-#                    under prefix caching; tensor parallel 4 by default
-# MODEL and SPECULATIVE_CONFIG in the environment override a preset's.
+#                    under prefix caching; tensor parallel 4 by default. Its gated
+#                    delta net prefill runs Triton's kernel: FlashInfer's (Hopper's
+#                    default) saves Mamba states inside a prefill chunk in blocks it
+#                    reserves (mamba_prefill_checkpoint_blocks 1), which the reference
+#                    refuses by name; ADDITIONAL_CONFIG='{}' records that default.
+# MODEL, SPECULATIVE_CONFIG and ADDITIONAL_CONFIG (vLLM's --additional-config JSON) in
+# the environment override a preset's.
 #
 # Knobs (environment): TENSOR_PARALLEL_SIZE (1, or the preset's), PORT (8011), MAX_NUM_BATCHED_TOKENS (2048), MAX_NUM_SEQS (64),
 # NUM_PROMPTS (200), INPUT_LEN (512), OUTPUT_LEN (256), PREFIX_LEN (256, a prefix every
@@ -28,6 +33,7 @@
 set -euo pipefail
 usage="usage: record-gpu.sh MODEL SPECULATIVE_CONFIG_JSON [OUT.ndjson] | --preset FAMILY [OUT.ndjson]"
 tp=1
+additional='{}'
 if [[ ${1:-} == --preset ]]; then
   case ${2:?$usage} in
     gpt-oss-eagle3)
@@ -38,6 +44,7 @@ if [[ ${1:-} == --preset ]]; then
       speculative='{"method": "mtp", "num_speculative_tokens": 1}' ;;
     qwen3-next-mtp)
       model=Qwen/Qwen3-Next-80B-A3B-Instruct tp=4
+      additional='{"gdn_prefill_backend": "triton"}'
       speculative='{"method": "mtp", "num_speculative_tokens": 2}' ;;
     *) echo "record-gpu.sh: unknown preset '$2' (gpt-oss-eagle3, deepseek-mtp, qwen3-next-mtp)" >&2
        exit 2 ;;
@@ -50,6 +57,7 @@ else
   out=$(realpath -m "${3:-dualbudget-trace.ndjson}")
 fi
 tp=${TENSOR_PARALLEL_SIZE:-$tp}
+additional=${ADDITIONAL_CONFIG:-$additional}
 port=${PORT:-8011}
 vllm=${VLLM:-vllm}
 python=${PYTHON:-python3}
@@ -59,6 +67,7 @@ export DUALBUDGET_TRACE=$out DUALBUDGET_TRACE_SOURCE=engine
   --model "$model" --port "$port" \
   --speculative-config "$speculative" \
   --tensor-parallel-size "$tp" \
+  --additional-config "$additional" \
   --scheduler-cls dualbudget.integration.recorder.RecordingScheduler \
   --max-num-batched-tokens "${MAX_NUM_BATCHED_TOKENS:-2048}" \
   --max-num-seqs "${MAX_NUM_SEQS:-64}" &

@@ -95,6 +95,11 @@ class Release:
     hit block also keeps the tail ending one block below a shared-prefix junction, where
     a sibling diverging right after the junction lands its hit (True); or only the tail
     ending at the junction (False)."""
+    rekeys_cached_mamba_tail: bool
+    """A Mamba group in ``align`` mode marks the prompt's last reusable state as cached
+    this step again at every step whose cacheable tokens end on it, though it is keyed
+    there already, so a sibling's hit on it waits (True); or only in the step that keys it
+    (False)."""
 
     def __hash__(self) -> int:
         # The tables are mappings: a release is known by its version.
@@ -184,6 +189,7 @@ VLLM_0_32 = Release(
     caps_hits_for_routed_experts=False,
     eagle_groups_drop_without_use_eagle=True,
     retains_block_below_junction=False,
+    rekeys_cached_mamba_tail=True,
 )
 VLLM_0_33 = Release(
     version="0.33",
@@ -205,6 +211,7 @@ VLLM_0_33 = Release(
     caps_hits_for_routed_experts=True,
     eagle_groups_drop_without_use_eagle=False,
     retains_block_below_junction=True,
+    rekeys_cached_mamba_tail=False,
 )
 
 RELEASES: dict[str, Release] = {release.version: release for release in (VLLM_0_32, VLLM_0_33)}

@@ -182,6 +182,35 @@ WINDOW_BESIDE_DRAFTER_GROUP = config(
 drop of their own), caching on, 39 blocks lent: where 0.32 and 0.33 drop differently."""
 
 
+def mamba_state_hit(release: str, decisions: dict[int, Decision], free: dict[int, int]) -> Case:
+    """Mamba in align mode beside full attention with prefix caching, blocks of 8, no
+    drafter, 15 blocks lent. r0 (20 tokens) and r1 (r0's prompt and one token more)
+    arrive together. Step 0: r0's chunk ends at its last reusable state, 16 (a split):
+    full attention takes blocks 2 and 3, Mamba one block a step: a null place, then
+    block 1 (12); both groups key their full blocks, Mamba its state at 16 (block 1),
+    cached this step. r1's hit is 16 tokens in each group (Mamba: the null place and
+    block 1), but its Mamba state was cached this very step: r1 waits, its allocation
+    asking more than the pool. Step 1 on: r0's last 4 prompt tokens take a Mamba state
+    block and a full block (10); what r1 does is the release's."""
+    return Case(
+        f"a Mamba state hit waits for the step that cached it ({release})",
+        config(16, MAMBA_ALIGN, FULL_8, block_size=8, enable_prefix_caching=True),
+        (
+            add("r0", tuple(range(20)), 4),
+            add("r1", (*range(20), 50), 4),
+            STEP,
+            sample(),
+            STEP,
+            sample_ids(r0=(100,)),
+            STEP,
+        )[: 5 if 2 not in decisions else 7],
+        {0: ({"r0": 16}, {}, []), **decisions},
+        {0: 12, **free},
+        {"mamba_aligned_split": 1},
+        releases=(release,),
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case(
         # Window 4. Step 0: r0's 8 tokens take 2 blocks in each group (15 -> 11).
@@ -395,4 +424,22 @@ CASES: tuple[Case, ...] = (
     retention_follow_up(0),
     retention_eagle(None),
     retention_eagle(0),
+    mamba_state_hit(
+        # 0.33: r0's step-1 chunk ends past the state, already keyed: r1's hit no longer
+        # waits. r1 (21 tokens, 5 left after the hit) touches block 1, held by r0 (no
+        # evictable block), and takes a new state block and a full block (10 -> 8).
+        "0.33",
+        {1: ({"r0": 4, "r1": 5}, {}, [])},
+        {1: 8},
+    ),
+    mamba_state_hit(
+        # 0.32 marks the keyed state cached again in step 1 (r0's cacheable tokens still
+        # end at 16, its prompt's last reusable state): r1 waits once more (10). Step 2:
+        # r0's 20 processed tokens retire its block 1 to the free queue's tail, cached
+        # (11); its 21st token fits. r1's hit touches block 1 off the free queue (10),
+        # then a new state block and a full block (8).
+        "0.32",
+        {1: ({"r0": 4}, {}, []), 2: ({"r0": 1, "r1": 5}, {}, [])},
+        {1: 10, 2: 8},
+    ),
 )

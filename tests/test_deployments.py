@@ -29,10 +29,14 @@ def test_gpt_oss_at_vllms_defaults_replays(version: str, served: bool) -> None:
 
 
 @pytest.mark.parametrize("version", RELEASE_VERSIONS)
-def test_qwen3_next_is_refused_by_its_mamba_group_with_prefix_caching(version: str) -> None:
-    assert family("Qwen3-Next + MTP").verdict(version) == (
-        "refused: kv_groups[0].kind: prefix caching with a 'mamba' group is not modelled"
-    )
+def test_qwen3_next_replays_unless_its_mamba_layers_checkpoint_inside_a_chunk(
+    version: str,
+) -> None:
+    """Mamba in align mode with prefix caching is modelled; the prefill checkpoint blocks
+    FlashInfer's gated-delta-net prefill reserves are refused by name."""
+    assert family("Qwen3-Next + MTP, Triton prefill").verdict(version) == "replays"
+    hopper = family("Qwen3-Next + MTP on Hopper (FlashInfer prefill)").verdict(version)
+    assert hopper.startswith("refused: `mamba_prefill_checkpoint_blocks` = `1`")
 
 
 @pytest.mark.parametrize("version", RELEASE_VERSIONS)

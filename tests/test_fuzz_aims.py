@@ -20,7 +20,7 @@ from dualbudget.integration.aims import (
     reserve,
 )
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.kv_coordinator import CACHING_KINDS
+from dualbudget.reference.kv_coordinator import caching_modelled
 from dualbudget.spec.config import RETENTION_KINDS, ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named
@@ -48,7 +48,7 @@ def _within(config: EngineConfig, bounds: ConfigBounds, profile: str, layout: st
     assert bounds.max_num_seqs[0] <= seqs <= bounds.max_num_seqs[1]
     assert config.enable_chunked_prefill in bounds.chunked_prefill
     assert config.scheduling_policy in bounds.policies
-    if bounds.layout_caching and all(group.kind in CACHING_KINDS for group in config.groups):
+    if bounds.layout_caching and all(caching_modelled(group) for group in config.groups):
         assert config.enable_prefix_caching in (bounds.prefix_caching, True)
     else:
         assert config.enable_prefix_caching == bounds.prefix_caching

@@ -315,5 +315,7 @@ def test_a_planted_dense_retention_is_found_by_the_fuzz(
     def plant() -> None:
         monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "retained", _every_block_retained)
 
-    found = _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
+    # Seed 3: its 20 examples cache a shared prefix under retention 0 in both releases
+    # (seed 2 does not under 0.33).
+    found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
     assert found.config.prefix_cache_retention_interval == 0

@@ -174,9 +174,9 @@ def test_mamba_groups_share_one_cache_mode() -> None:
         (
             {
                 "enable_prefix_caching": True,
-                "kv_groups": (KVGroup("mamba", 4, mamba_cache_mode="align"), FULL),
+                "kv_groups": (KVGroup("mamba", 4), FULL),
             },
-            "kv_groups[0].kind",
+            "kv_groups[0].mamba_cache_mode",
         ),
         (
             {

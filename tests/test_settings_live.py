@@ -115,6 +115,21 @@ class KVCacheChange:
     value: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class MambaSpecChange:
+    """A Mamba ``align`` group beside full attention whose ``MambaSpec`` carries the row
+    at ``value``, as a model's Mamba layers set it (the CPU build's layers set none)."""
+
+    value: Any
+
+
+MAMBA = dataclasses.replace(
+    CONFIG,
+    num_gpu_blocks=64,
+    kv_groups=(KVGroup("mamba", 16, mamba_cache_mode="align"), KVGroup("full_attention", 16)),
+)
+
+
 def _request(**sampling: Any) -> Any:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
@@ -154,7 +169,9 @@ def _with_image() -> Any:
 
 EAGLE = dataclasses.replace(CONFIG, speculative_config=SpeculativeConfig("eagle", 2))
 
-CHANGES: dict[str, EngineChange | RequestChange | GroupsChange | KVCacheChange] = {
+CHANGES: dict[
+    str, EngineChange | RequestChange | GroupsChange | KVCacheChange | MambaSpecChange
+] = {
     "enable_prefix_caching": EngineChange(
         _setter("cache_config.enable_prefix_caching", False), False
     ),
@@ -192,6 +209,11 @@ CHANGES: dict[str, EngineChange | RequestChange | GroupsChange | KVCacheChange] 
         ["SlidingWindowSpec", "FullAttentionSpec"],
     ),
     "prefix_cache_retention_interval": KVCacheChange(0),
+    "mamba_prefill_checkpoint_blocks": MambaSpecChange(1),
+    "prefix_match_unit": EngineChange(_setter("cache_config.prefix_match_unit", 8), 8),
+    "enable_mamba_shared_prefix_checkpoint": EngineChange(
+        _setter("cache_config.enable_mamba_shared_prefix_checkpoint", True), True
+    ),
     "enable_lora": EngineChange(_lora, True),
     "kv_connector": EngineChange(_kv_transfer, "OffloadingConnector"),
     "pipeline_parallel_size": EngineChange(_setter("parallel_config.pipeline_parallel_size", 2), 2),
@@ -251,6 +273,13 @@ def test_the_recorder_reads_each_row_from_vllm(live: Any, setting: Setting) -> N
     elif isinstance(change, KVCacheChange):
         kv_cache_config = dataclasses.replace(live.kv_cache_config, **{setting.name: change.value})
         read = settings_of(live.vllm_config, kv_cache_config)[setting.name]
+    elif isinstance(change, MambaSpecChange):
+        built = LiveScheduler(MAMBA)
+        mamba, full = built.kv_cache_config.kv_cache_groups
+        spec = dataclasses.replace(mamba.kv_cache_spec, num_prefill_checkpoint_blocks=change.value)
+        groups = [dataclasses.replace(mamba, kv_cache_spec=spec), full]
+        kv_cache_config = dataclasses.replace(built.kv_cache_config, kv_cache_groups=groups)
+        read = settings_of(built.vllm_config, kv_cache_config)[setting.name]
     else:
         vllm_config, _ = build_vllm_config(change.config)
         if setting.home_in(release.version) is None:

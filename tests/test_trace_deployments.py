@@ -98,12 +98,16 @@ def test_a_stand_in_drafter_must_be_scheduled_alike() -> None:
 
     base = preset("chat-system-prompt").scenario(0).config
     for release in RELEASES.values():
-        config, notes = deployment_config(base, "Qwen3-Next + MTP", "eagle", release)
+        config, notes = deployment_config(
+            base, "Qwen3-Next + MTP, Triton prefill", "eagle", release
+        )
         spec = config.speculative_config
         assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("eagle", 2)
         assert "stands in for mtp" in notes["stand_in"] and config.enable_prefix_caching
         assert {g.mamba_cache_mode for g in config.groups if g.kind == "mamba"} == {"align"}
-        off, notes = deployment_config(base, "Qwen3-Next + MTP", "eagle", release, False)
+        off, notes = deployment_config(
+            base, "Qwen3-Next + MTP, Triton prefill", "eagle", release, False
+        )
         assert not off.enable_prefix_caching and "off" in notes["prefix_caching"]
         assert {g.mamba_cache_mode for g in off.groups if g.kind == "mamba"} == {"none"}
         with pytest.raises(BadInput, match="--stand-in 'dflash'"):

@@ -1,0 +1,82 @@
+"""The shipped traces of Qwen3-Next + MTP's KV layout at vLLM's defaults (a Mamba group in
+``align`` mode beside full attention, prefix caching on, the engine's retention 0),
+recorded from each release's own ``AsyncScheduler``: each replays with hits, and each
+pins a Mamba rule of the coordinator with caching: taken out, the replay diverges."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+
+from dualbudget import TRACES
+from dualbudget.reference import kv_coordinator
+from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
+from dualbudget.reference.replay import replay_trace
+from dualbudget.reference.trace import read_trace
+from dualbudget.spec.releases import RELEASE_VERSIONS
+
+TRACE = "scheduler-async-{}-qwen3-next-mtp.ndjson.gz"
+
+
+def first_divergence(version: str) -> int | None:
+    result = replay_trace(read_trace(TRACES / TRACE.format(version)))
+    assert result.violations == []
+    return None if result.divergence is None else result.divergence[0]
+
+
+@pytest.mark.parametrize("version", RELEASE_VERSIONS)
+def test_it_holds_a_mamba_group_in_align_mode_with_prefix_caching(version: str) -> None:
+    header = read_trace(TRACES / TRACE.format(version)).header
+    assert header.settings["kv_cache_groups"] == ["MambaSpec", "FullAttentionSpec"]
+    assert header.enable_prefix_caching
+    assert header.config.kv_groups[0].mamba_cache_mode == "align"
+    assert header.config.prefix_cache_retention_interval == 0
+    assert header.settings["mamba_prefill_checkpoint_blocks"] == 0
+
+
+@pytest.mark.parametrize("version", RELEASE_VERSIONS)
+def test_it_replays_with_hits(version: str) -> None:
+    result = replay_trace(read_trace(TRACES / TRACE.format(version)))
+    assert result.divergence is None and result.violations == []
+    assert result.steps_checked == 300 and result.prefix_hits > 0 and result.natural_stops > 0
+
+
+def _never_pending(self: HybridPrefixCachingKVCacheManager, state: object, hits: object) -> bool:
+    return False
+
+
+def _dense(self: HybridPrefixCachingKVCacheManager, *args: object) -> None:
+    return None
+
+
+PLANTS: dict[str, tuple[str, Callable[..., object]]] = {
+    "a hit on a state cached this step no longer waits": ("_hit_state_pending", _never_pending),
+    "the Mamba group caches every state (retention None)": ("mamba_retained", _dense),
+}
+
+
+@pytest.mark.parametrize("version", RELEASE_VERSIONS)
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_mamba_rule_taken_out_diverges(
+    monkeypatch: pytest.MonkeyPatch, plant: str, version: str
+) -> None:
+    name, replacement = PLANTS[plant]
+    assert first_divergence(version) is None
+    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, name, replacement)
+    assert first_divergence(version) is not None
+
+
+def test_0_33_leaves_a_keyed_tail_state_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given 0.32's ``rekeys_cached_mamba_tail``, the 0.33 trace diverges: a sibling's hit
+    on the prompt's last state waits a step 0.33 does not (the hand-worked cases of
+    ``tests/kv_group_cases.py`` show 0.32's side, live)."""
+    built = kv_coordinator.hybrid_caching_manager
+
+    def rekeying(*args: object, **kwargs: object) -> HybridPrefixCachingKVCacheManager:
+        manager = built(*args, **kwargs)  # type: ignore[arg-type]
+        return dataclasses.replace(manager, rekeys_cached_mamba_tail=True)
+
+    monkeypatch.setattr(kv_coordinator, "hybrid_caching_manager", rekeying)
+    assert first_divergence("0.33") is not None
