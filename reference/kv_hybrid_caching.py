@@ -286,7 +286,11 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         past its table, its hit and the skipped blocks, plus the hit blocks a touch
         takes off the free queue."""
         if isinstance(group, MambaAlignManager):
-            return self._mamba_blocks_to_allocate(pool, group, blocks, hit, num_tokens_main_model)
+            # Plus the hit blocks a touch takes off the free queue.
+            num_new = group.num_new_states(
+                blocks, len(hit) + len(blocks.block_ids), num_tokens_main_model
+            )
+            return num_new + sum(1 for block in hit if block and pool.ref_cnt[block] == 0)
         required = cdiv(num_tokens, group.block_size)
         cap = group.admission_cap
         if admission and cap is not None and cap < required:
@@ -298,29 +302,6 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         num_new = max(required - max(skipped, len(hit) + held), 0)
         touched = hit[max(0, skipped - held) :]
         return num_new + sum(1 for block in touched if block and pool.ref_cnt[block] == 0)
-
-    @staticmethod
-    def _mamba_blocks_to_allocate(
-        pool: BlockPool,
-        group: MambaAlignManager,
-        blocks: GroupBlocks,
-        hit: tuple[int, ...],
-        num_tokens_main_model: int,
-    ) -> int:
-        """``MambaManager.get_num_blocks_to_allocate`` in ``align`` mode: the state blocks
-        of the main model's tokens and the speculative blocks, past the hit and the table,
-        at most one a step (one plus the speculative blocks the first time), plus the hit
-        blocks a touch takes off the free queue. vLLM returns a negative count as it is:
-        a table longer than needed lowers what the other groups are asked."""
-        num_new = (
-            cdiv(num_tokens_main_model, group.block_size)
-            + group.num_speculative_blocks
-            - len(hit)
-            - len(blocks.block_ids)
-        )
-        if num_new > 0:
-            num_new = min(num_new, 1 if blocks.allocated else 1 + group.num_speculative_blocks)
-        return num_new + sum(1 for block in hit if block and pool.ref_cnt[block] == 0)
 
     def _hit_state_pending(self, state: SchedulerState, hits: list[tuple[int, ...]]) -> bool:
         """Whether a Mamba group's hit ends on a state block cached in this very step:
@@ -468,37 +449,19 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     def _place_mamba_blocks(
         pool: BlockPool, group: MambaAlignManager, blocks: GroupBlocks, num_tokens_main_model: int
     ) -> int:
-        """``MambaManager.allocate_new_blocks`` in ``align`` mode up to taking blocks: the
-        previous state block is remembered (a hit's block, the first time), the table is
-        padded with null places up to the new running state's, and the speculative blocks
-        the running state leaves behind move to its end. Returns how many blocks it
-        takes."""
-        table, num_spec = blocks.block_ids, group.num_speculative_blocks
-        required = cdiv(num_tokens_main_model, group.block_size) + num_spec
+        """``MambaManager.allocate_new_blocks`` up to taking blocks (``place_states``) on
+        the group's block ids, with vLLM's assertions on what it moves and takes."""
         allocated = blocks.allocated
-        blocks.allocated = True
-        if required <= len(table):
-            return 0
-        prev = len(table)
-        if allocated:
-            blocks.last_state_block_idx = prev - 1 - num_spec
-        elif prev > 0:
-            blocks.last_state_block_idx = prev - 1
-        num_skipped = required - num_spec - 1
-        if prev < num_skipped:
-            table += [NULL_BLOCK] * (num_skipped - prev)
-        if allocated:
-            for index in range(prev - num_spec, min(prev, num_skipped)):
-                block = table[index]
-                if not block or pool.ref_cnt[block] != 1 or pool.block_hash[block] is not None:
-                    raise UnmirroredVllmCrash(
-                        "vLLM's MambaManager asserts a speculative block it moves is its own"
-                        f" and uncached, but block {block} is shared or cached"
-                    )
-                table.append(block)
-                table[index] = NULL_BLOCK
-        num_new = max(required - len(table), 0)
-        if num_new > (1 if allocated else 1 + num_spec):
+        num_new, moved = group.place_states(
+            blocks, blocks.block_ids, NULL_BLOCK, num_tokens_main_model
+        )
+        for block in moved:
+            if not block or pool.ref_cnt[block] != 1 or pool.block_hash[block] is not None:
+                raise UnmirroredVllmCrash(
+                    "vLLM's MambaManager asserts a speculative block it moves is its own"
+                    f" and uncached, but block {block} is shared or cached"
+                )
+        if num_new > (1 if allocated else 1 + group.num_speculative_blocks):
             raise UnmirroredVllmCrash(
                 "vLLM's MambaManager asserts it takes at most one state block a step,"
                 f" not {num_new}"
@@ -557,28 +520,17 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         blocks: GroupBlocks,
         processed_computed_tokens: int,
     ) -> int:
-        """``MambaManager.remove_skipped_blocks`` in ``align`` mode: every real block
-        before the last state's (``_remove_blocks_in_range`` skips the null gaps and
-        remembers how far it retired), then the state block of two steps ago once the
-        processed tokens are past it. Returns how many went back to the pool."""
-        ids, block_size = blocks.block_ids, group.block_size
-        freed = 0
-        skipped_tokens = processed_computed_tokens - 1
-        if skipped_tokens > 0:
-            first = blocks.num_retired_blocks
-            last = min(skipped_tokens // block_size, len(ids))
-            if first < last:
-                retired = [ids[index] for index in range(last - 1, first - 1, -1) if ids[index]]
-                ids[first:last] = [NULL_BLOCK] * (last - first)
-                pool.free_blocks(retired)
-                freed += len(retired)
-                blocks.num_retired_blocks = last
-        last_state = blocks.last_state_block_idx
-        if 0 <= last_state < cdiv(processed_computed_tokens, block_size) - 1 and ids[last_state]:
-            pool.free_blocks([ids[last_state]])
-            ids[last_state] = NULL_BLOCK
-            freed += 1
-        return freed
+        """``MambaManager.remove_skipped_blocks`` (``retire_states``) on the group's block
+        ids: the blocks before the last state's go back to the pool in one call, the
+        state block of two steps ago in another (the free queue's order depends on it).
+        Returns how many went back."""
+        retired, state = group.retire_states(
+            blocks, blocks.block_ids, NULL_BLOCK, processed_computed_tokens
+        )
+        for freed in (retired, state):
+            if freed:
+                pool.free_blocks(freed)
+        return len(retired) + len(state)
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
         """The coordinator's ``cache_blocks``: each group's full blocks of the first

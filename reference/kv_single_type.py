@@ -13,11 +13,15 @@ see a group. With prefix caching on, the coordinator with caching
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dualbudget.spec.config import EngineConfig, KVGroup
 
 from .kv import cdiv
 from .state import GroupBlocks
+
+T = TypeVar("T")
+"""A block table's entry: a bool (real or null) or a pool block id (0: the null block)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,33 +134,87 @@ class MambaAlignManager(MambaManager):
     written where a chunk ends (the scheduler splits chunks there), the table padded
     with null blocks up to the running state's block; lookahead slots are not counted,
     and a request takes at most one block a step (plus its speculative blocks at
-    first). No prefill checkpoint blocks (``num_prefill_checkpoint_blocks`` 0)."""
+    first). No prefill checkpoint blocks (``num_prefill_checkpoint_blocks`` 0).
 
-    def remove_skipped_blocks(self, blocks: GroupBlocks, processed_computed_tokens: int) -> int:
-        """Every real block before the last state's (``_remove_blocks_in_range`` skips
-        the null gaps and remembers how far it retired), then the state block of two
-        steps ago once the processed tokens are past it."""
-        table = blocks.table
-        freed = 0
+    Its rules act on any block table whose null places are falsy: ``GroupBlocks.table``
+    here, the pool's block ids (``GroupBlocks.block_ids``) in the coordinator with
+    caching."""
+
+    def num_new_states(
+        self, blocks: GroupBlocks, num_places: int, num_tokens_main_model: int
+    ) -> int:
+        """``get_num_blocks_to_allocate``'s count past ``num_places`` (the table and a
+        hit): the state blocks of the main model's tokens and the speculative blocks, at
+        most one a step (one plus the speculative blocks the first time). vLLM returns
+        a negative count as it is (the coordinator sums it): a table longer than needed
+        lowers what the other groups are asked."""
+        num_new = (
+            cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks - num_places
+        )
+        if num_new > 0:
+            num_new = min(num_new, 1 if blocks.allocated else 1 + self.num_speculative_blocks)
+        return num_new
+
+    def place_states(
+        self, blocks: GroupBlocks, table: list[T], null: T, num_tokens_main_model: int
+    ) -> tuple[int, list[T]]:
+        """``allocate_new_blocks`` up to taking blocks: the previous state's place is
+        remembered (a hit's block, the first time), ``table`` is padded with ``null`` up
+        to the new running state's place, and the speculative blocks the running state
+        leaves behind move to its end (``_relocate_speculative_block``). Returns how
+        many blocks to take and the blocks moved."""
+        num_spec = self.num_speculative_blocks
+        required = cdiv(num_tokens_main_model, self.block_size) + num_spec
+        allocated = blocks.allocated
+        blocks.allocated = True
+        if required <= len(table):
+            return 0, []
+        prev = len(table)
+        if allocated:
+            blocks.last_state_block_idx = prev - 1 - num_spec
+        elif prev > 0:
+            blocks.last_state_block_idx = prev - 1
+        num_skipped = required - num_spec - 1
+        if prev < num_skipped:
+            table += [null] * (num_skipped - prev)
+        moved: list[T] = []
+        if allocated:
+            for index in range(prev - num_spec, min(prev, num_skipped)):
+                moved.append(table[index])
+                table.append(table[index])
+                table[index] = null
+        return max(required - len(table), 0), moved
+
+    def retire_states(
+        self, blocks: GroupBlocks, table: list[T], null: T, processed_computed_tokens: int
+    ) -> tuple[list[T], list[T]]:
+        """``remove_skipped_blocks``: every real block before the last state's
+        (``_remove_blocks_in_range`` skips the null gaps and remembers how far it
+        retired), last first, then the state block of two steps ago once the processed
+        tokens are past it; their places become ``null``. Returns the two apart: vLLM
+        frees them in two calls."""
+        retired: list[T] = []
         skipped_tokens = processed_computed_tokens - 1
         if skipped_tokens > 0:
             first = blocks.num_retired_blocks
             last = min(skipped_tokens // self.block_size, len(table))
             if first < last:
-                for index in range(last - 1, first - 1, -1):
-                    if table[index]:
-                        table[index] = False
-                        freed += 1
+                retired = [table[index] for index in range(last - 1, first - 1, -1) if table[index]]
+                table[first:last] = [null] * (last - first)
                 blocks.num_retired_blocks = last
         last_state = blocks.last_state_block_idx
+        state: list[T] = []
         if (
-            last_state >= 0
-            and last_state < cdiv(processed_computed_tokens, self.block_size) - 1
+            0 <= last_state < cdiv(processed_computed_tokens, self.block_size) - 1
             and table[last_state]
         ):
-            table[last_state] = False
-            freed += 1
-        return freed
+            state.append(table[last_state])
+            table[last_state] = null
+        return retired, state
+
+    def remove_skipped_blocks(self, blocks: GroupBlocks, processed_computed_tokens: int) -> int:
+        retired, state = self.retire_states(blocks, blocks.table, False, processed_computed_tokens)
+        return len(retired) + len(state)
 
     def num_blocks_to_allocate(
         self,
@@ -166,45 +224,13 @@ class MambaAlignManager(MambaManager):
         total_computed_tokens: int,
         admission: bool,
     ) -> int:
-        # vLLM returns a negative count as it is (the coordinator sums it): a table
-        # longer than needed lowers what the other groups are asked.
-        num_new = (
-            cdiv(num_tokens_main_model, self.block_size)
-            + self.num_speculative_blocks
-            - len(blocks.table)
-        )
-        if num_new > 0:
-            cap = 1 if blocks.allocated else 1 + self.num_speculative_blocks
-            num_new = min(num_new, cap)
-        return num_new
+        return self.num_new_states(blocks, len(blocks.table), num_tokens_main_model)
 
     def allocate_new_blocks(
         self, blocks: GroupBlocks, num_tokens: int, num_tokens_main_model: int
     ) -> int:
-        table, num_spec = blocks.table, self.num_speculative_blocks
-        required = cdiv(num_tokens_main_model, self.block_size) + num_spec
-        if required <= len(table):
-            blocks.allocated = True
-            return 0
-        prev = len(table)
-        if blocks.allocated:
-            blocks.last_state_block_idx = prev - 1 - num_spec
-        elif prev > 0:
-            blocks.last_state_block_idx = prev - 1
-        num_skipped = required - num_spec - 1
-        if prev < num_skipped:
-            table += [False] * (num_skipped - prev)
-        if blocks.allocated:
-            # The speculative blocks left behind the new running state move to the
-            # table's end (``_relocate_speculative_block``).
-            for index in range(prev - num_spec, prev):
-                if index >= num_skipped:
-                    break
-                table.append(table[index])
-                table[index] = False
-        num_new = max(required - len(table), 0)
-        table += [True] * num_new
-        blocks.allocated = True
+        num_new, _ = self.place_states(blocks, blocks.table, False, num_tokens_main_model)
+        blocks.table += [True] * num_new
         return num_new
 
 
