@@ -319,6 +319,11 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
             retention = draw(
                 st.sampled_from((0, 0, 0, None)), label="prefix_cache_retention_interval"
             )
+    checkpoints = 0
+    if caching and any(group.mamba_cache_mode == "align" for group in groups):
+        # Mamba layers that save the prompt's state inside a chunk (FlashInfer's gated
+        # delta net prefill, Hopper's default) or not (Triton's).
+        checkpoints = draw(st.sampled_from((1, 0)), label="mamba_prefill_checkpoint_blocks")
     need = full_request_blocks(max_model_len, block_size, groups)
     pool = _one_of(draw, bounds.pools, "pool")
     num_gpu_blocks = _ranged(draw, *pool.range_at(need, seqs), "num_gpu_blocks")
@@ -336,6 +341,7 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
         enable_prefix_caching=caching,
         kv_groups=groups,
         prefix_cache_retention_interval=retention,
+        mamba_prefill_checkpoint_blocks=checkpoints,
     )
 
 

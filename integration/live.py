@@ -358,7 +358,8 @@ def _mamba_cache_kwargs(config: EngineConfig) -> dict[str, Any]:
 def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
     """vLLM's ``KVCacheSpec`` for one KV group: only the fields the KV managers read carry
     the group's values (block size, window, chunk, Mamba mode and the speculative state
-    blocks vLLM's Mamba layers ask for, ``num_speculative_tokens``); the tensor shapes are
+    blocks vLLM's Mamba layers ask for, ``num_speculative_tokens``, and their prefill
+    checkpoint blocks); the tensor shapes are
     any small ones, never allocated."""
     import dataclasses
 
@@ -389,6 +390,12 @@ def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
             dtypes=(torch.float32,),
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=config.num_speculative_tokens,
+            # A layer that checkpoints inside a chunk aligns on the prefix-cache grid,
+            # the Mamba block without prefix_match_unit (get_mamba_prefill_checkpoint_grid).
+            num_prefill_checkpoint_blocks=config.mamba_prefill_checkpoint_blocks,
+            prefill_checkpoint_alignment=group.block_size
+            if config.mamba_prefill_checkpoint_blocks
+            else None,
         ),
     }
     spec = specs[group.kind]()

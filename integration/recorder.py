@@ -45,6 +45,7 @@ from dualbudget.reference.settings import (
     ENGINE_SETTINGS,
     KV_SPEC_KINDS,
     REQUEST_SETTINGS,
+    SETTINGS_IN_CONFIG,
     Json,
 )
 from dualbudget.reference.trace import TraceHeader, TraceWriter
@@ -249,18 +250,19 @@ class _Recording:
             isinstance(self, AsyncScheduler),
             kv_groups_of(vllm_config, kv_cache_config),
         )
-        # The engine config holds the setting the scheduler's KV managers read: the
-        # KVCacheConfig's copy (header.settings, written from it, keeps it in the file).
+        # The engine config holds the settings the scheduler's KV managers read (the
+        # KVCacheConfig's retention, the Mamba specs' checkpoint blocks): the header's
+        # settings are written from it, so they are read into it first.
+        settings = settings_of(vllm_config, kv_cache_config)
         config = dataclasses.replace(
-            config,
-            prefix_cache_retention_interval=kv_cache_config.prefix_cache_retention_interval,
+            config, **{name: settings[name] for name in SETTINGS_IN_CONFIG}
         )
         header = TraceHeader(
             vllm_version=vllm.__version__,
             source=source,
             config=config,
             scheduler_class=f"{base.__module__}.{base.__qualname__}",
-            settings=settings_of(vllm_config, kv_cache_config),
+            settings=settings,
             notes=_notes(),
         )
         self._params = StepParams.of(config)

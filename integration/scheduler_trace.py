@@ -104,6 +104,12 @@ def deployment_config(
         config,
         block_size=defaults.block_size,
         kv_groups=kv_groups,
+        # The family's Mamba layers reserve their checkpoint blocks in align mode only.
+        mamba_prefill_checkpoint_blocks=deployment.recorded_settings(served=False)[
+            "mamba_prefill_checkpoint_blocks"
+        ]
+        if prefix_caching
+        else 0,
         speculative_config=spec,
         async_scheduling=runs_async(spec, release),
         enable_prefix_caching=prefix_caching,

@@ -74,6 +74,12 @@ def check_hybrid_layout(config: EngineConfig) -> None:
     or of a kind other than full attention."""
     if config.enable_prefix_caching:
         check_hybrid_caching_layout(config)
+    elif config.mamba_prefill_checkpoint_blocks:
+        # The caching-off managers count a table of flags, no reserved checkpoint place.
+        raise ConfigError(
+            "mamba_prefill_checkpoint_blocks",
+            "Mamba prefill checkpoint blocks with prefix caching off are not modelled",
+        )
     for index, group in enumerate(config.groups):
         if group.mamba_cache_mode == "align" and group.block_size != config.block_size:
             # vLLM aligns chunks on cache_config.block_size, the Mamba block in align mode.
@@ -154,6 +160,7 @@ def hybrid_caching_manager(
         # With caching on, lookahead hashes replace the drop (0.33's use_eagle_block_drop
         # is off where num_hash_lookahead_tokens is on).
         rule.drop_last_block,
+        manager.checkpoint_blocks,
         hashing,
         drop_groups,
         tuple(order),

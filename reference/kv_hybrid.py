@@ -23,7 +23,7 @@ from typing import ClassVar
 from dualbudget.spec.config import EngineConfig
 
 from .events import AddRequest
-from .kv import NO_HIT, KVCacheManager
+from .kv import NO_HIT, KVCacheManager, cdiv
 from .kv_single_type import FullAttentionManager, single_type_manager
 from .state import GroupBlocks, RequestState, SchedulerState
 from .violations import UnmirroredVllmCrash
@@ -46,6 +46,9 @@ class HybridKVCacheManager(KVCacheManager):
     drop_eagle_block: bool = False
     """The scheduler's ``use_eagle_block_drop``: the drafter's last block is recomputed,
     so the last reusable state is one block earlier."""
+    checkpoint_blocks: bool = False
+    """``mamba_has_prefill_checkpoint_blocks``: the Mamba layers save the prompt's
+    reusable state inside a chunk (their alignment the Mamba block)."""
 
     enable_caching: ClassVar[bool] = False
 
@@ -140,11 +143,12 @@ class HybridKVCacheManager(KVCacheManager):
         self, request: RequestState, start: int, num_new_tokens: int
     ) -> int:
         """``Scheduler._mamba_block_aligned_split`` of a chunk from token ``start`` (the
-        computed tokens and the cache hit; no prefill checkpoint blocks, no partial hash
-        hits): a prefill chunk ends on a block boundary (unless it ends the prefill, or a
-        block is wider than a chunk can be), never past a boundary it starts short of, nor
-        past the last reusable state, nor past the block-floored shared-prefix junction
-        (where a sibling's longer hit in another group ends: its state is cached there)."""
+        computed tokens and the cache hit; no partial hash hits): a prefill chunk ends on
+        a block boundary (unless it ends the prefill, or a block is wider than a chunk can
+        be), never past a boundary it starts short of, nor past the last reusable state
+        (unless the Mamba layers save it inside the chunk: ``internal_checkpoint``), nor
+        past the block-floored shared-prefix junction (where a sibling's longer hit in
+        another group ends: its state is cached there)."""
         num_tokens = request.prompt_len + request.num_output_tokens
         prefill_end = max(request.prompt_len, num_tokens - 1)
         if start >= prefill_end:
@@ -152,11 +156,20 @@ class HybridKVCacheManager(KVCacheManager):
         block_size = self.split_block_size
         last_cache_position = self._checkpoint_position(num_tokens)
         end = start + num_new_tokens
+        internal = (
+            self.checkpoint_blocks
+            and end >= prefill_end
+            and self.internal_checkpoint(start, end, self._checkpoint_position(prefill_end))
+        )
+        if internal:
+            last_cache_position = 0
         if end < prefill_end:
             aligned_end = end // block_size * block_size
             if aligned_end > start or block_size <= self.max_prefill_tokens:
                 end = aligned_end
-        next_block_boundary = (start // block_size + 1) * block_size if start % block_size else 0
+        next_block_boundary = 0
+        if start % block_size and not internal:
+            next_block_boundary = (start // block_size + 1) * block_size
         junction = self.junction(request)
         junction_stop = 0
         if start < junction < end:
@@ -168,6 +181,18 @@ class HybridKVCacheManager(KVCacheManager):
         if split != num_new_tokens:
             self.observed["mamba_aligned_split"] += 1
         return split
+
+    def internal_checkpoint(self, start: int, end: int, checkpoint_position: int) -> bool:
+        """``is_mamba_prefill_checkpoint_valid`` with the Mamba block as the hash block and
+        the checkpoint alignment: the chunk ``start:end`` starts on a block boundary, at
+        least a block before the checkpoint, which lies strictly inside it, in a later
+        block column than its initial state's."""
+        block_size = self.split_block_size
+        return (
+            start % block_size == 0
+            and cdiv(end, block_size) - 2 > (start - 1) // block_size
+            and start + block_size <= checkpoint_position < end
+        )
 
     def _checkpoint_position(self, num_tokens: int) -> int:
         """``get_mamba_prefill_checkpoint_position``: the last block boundary whose state a
@@ -202,4 +227,5 @@ def hybrid_manager(
         config.block_size if align else 0,
         max_prefill_tokens,
         drop_eagle_block,
+        align and config.mamba_prefill_checkpoint_blocks > 0,
     )

@@ -42,7 +42,9 @@ What stays out is refused by ``kv_coordinator`` before a manager is built: Mamba
 ``align`` mode, a chunked-local group whose hit would drop its last block (vLLM asserts
 against it), groups of different block sizes (so no partial hash hits, whose copy-on-write
 tail this does not model) and two groups of one kind. The live adapter builds Mamba specs
-without prefill checkpoint blocks, the only kind modelled.
+with prefill checkpoint blocks where the config has them (``mamba_prefill_checkpoint_blocks``):
+the chunk ending the prefill then saves the prompt's reusable state inside it, in a place
+the group reserves just before the running state's, keyed there (``_cache_checkpoint``).
 """
 
 from __future__ import annotations
@@ -280,15 +282,19 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         num_tokens_main_model: int,
         total_computed_tokens: int,
         admission: bool,
+        prefill_end: int = 0,
     ) -> int:
         """``SingleTypeKVCacheManager.get_num_blocks_to_allocate``: a running request
         (in ``num_cached_block``) asks the blocks past its table; any other the blocks
         past its table, its hit and the skipped blocks, plus the hit blocks a touch
         takes off the free queue."""
         if isinstance(group, MambaAlignManager):
+            checkpoint = self._reserve_checkpoint(
+                group, blocks, total_computed_tokens, num_tokens_main_model, prefill_end, admission
+            )
             # Plus the hit blocks a touch takes off the free queue.
             num_new = group.num_new_states(
-                blocks, len(hit) + len(blocks.block_ids), num_tokens_main_model
+                blocks, len(hit) + len(blocks.block_ids), num_tokens_main_model, checkpoint
             )
             return num_new + sum(1 for block in hit if block and pool.ref_cnt[block] == 0)
         required = cdiv(num_tokens, group.block_size)
@@ -302,6 +308,47 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         num_new = max(required - max(skipped, len(hit) + held), 0)
         touched = hit[max(0, skipped - held) :]
         return num_new + sum(1 for block in touched if block and pool.ref_cnt[block] == 0)
+
+    def _reserve_checkpoint(
+        self,
+        group: MambaAlignManager,
+        blocks: GroupBlocks,
+        query_start: int,
+        query_end: int,
+        prefill_end: int,
+        admission: bool,
+    ) -> bool:
+        """``MambaManager``'s prefill checkpoint (``_needs_internal_checkpoint``): a chunk
+        ending the prefill (from ``prefill_end``, 0 but at retention 0: every chunk) that
+        can save the state at the last reusable boundary below its end, into a place
+        just before the running state's that holds no block yet (or a speculative one);
+        recorded for this step's caching unless ``admission`` only counts."""
+        position, place = 0, -1
+        if self.checkpoint_blocks:
+            position = self._checkpoint_position(query_end)
+            place = cdiv(query_end, group.block_size) - 2
+            ids = blocks.block_ids
+            if not (
+                query_end >= prefill_end
+                and self.internal_checkpoint(query_start, query_end, position)
+                and place >= 0
+                and (
+                    place >= len(ids)
+                    or not ids[place]
+                    or (blocks.allocated and place >= len(ids) - group.num_speculative_blocks)
+                )
+            ):
+                position, place = 0, -1
+        if not admission:
+            blocks.checkpoint_position, blocks.checkpoint_place = position, place
+        return position > 0
+
+    def _prefill_end(self, request: RequestState) -> int:
+        """The coordinator's ``prefill_end``: where the prefill ends at retention 0, where
+        only the chunk reaching it keeps a checkpoint; 0 otherwise (every chunk)."""
+        if self.retention_interval != 0:
+            return 0
+        return max(request.prompt_len, request.num_tokens - 1)
 
     def _hit_state_pending(self, state: SchedulerState, hits: list[tuple[int, ...]]) -> bool:
         """Whether a Mamba group's hit ends on a state block cached in this very step:
@@ -328,9 +375,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         hit_tokens = len(hits[0]) * self.block_size
         total_computed = min(request.num_computed_tokens + hit_tokens, self.max_model_len)
         full = min(request.num_tokens, self.max_model_len)
+        prefill_end = self._prefill_end(request)
         wanted = sum(
             self._num_blocks_to_allocate(
-                pool, group, blocks, group_hit, full, full, total_computed, True
+                pool, group, blocks, group_hit, full, full, total_computed, True, prefill_end
             )
             for group, blocks, group_hit in zip(self.groups, request.kv_groups, hits, strict=True)
         )
@@ -367,9 +415,18 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             state, request, max(0, total_computed - request.num_in_flight_tokens)
         )
         groups = list(zip(self.groups, request.kv_groups, hits, strict=True))
+        prefill_end = self._prefill_end(request)
         wanted = sum(
             self._num_blocks_to_allocate(
-                pool, group, blocks, group_hit, need_slot, main, num_local_computed, False
+                pool,
+                group,
+                blocks,
+                group_hit,
+                need_slot,
+                main,
+                num_local_computed,
+                False,
+                prefill_end,
             )
             for group, blocks, group_hit in groups
         )
@@ -451,9 +508,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     ) -> int:
         """``MambaManager.allocate_new_blocks`` up to taking blocks (``place_states``) on
         the group's block ids, with vLLM's assertions on what it moves and takes."""
-        allocated = blocks.allocated
+        allocated, checkpoint = blocks.allocated, blocks.checkpoint_position > 0
         num_new, moved = group.place_states(
-            blocks, blocks.block_ids, NULL_BLOCK, num_tokens_main_model
+            blocks, blocks.block_ids, NULL_BLOCK, num_tokens_main_model, checkpoint
         )
         for block in moved:
             if not block or pool.ref_cnt[block] != 1 or pool.block_hash[block] is not None:
@@ -461,7 +518,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     "vLLM's MambaManager asserts a speculative block it moves is its own"
                     f" and uncached, but block {block} is shared or cached"
                 )
-        if num_new > (1 if allocated else 1 + group.num_speculative_blocks):
+        if num_new > (1 if allocated else 1 + group.num_speculative_blocks) + checkpoint:
             raise UnmirroredVllmCrash(
                 "vLLM's MambaManager asserts it takes at most one state block a step,"
                 f" not {num_new}"
@@ -600,6 +657,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     pool.cached.setdefault(key, []).append(block)
                 self.cached_this_step[key] = step
             blocks.num_cached_blocks = num_full
+        if blocks.checkpoint_position:
+            self._cache_checkpoint(pool, request, index, blocks, step)
+            return
         if (
             cacheable <= 0
             or cacheable % block_size
@@ -622,14 +682,42 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         pool.cached.setdefault(key, []).append(block)
         self.cached_this_step[key] = step
 
+    def _cache_checkpoint(
+        self, pool: BlockPool, request: RequestState, index: int, blocks: GroupBlocks, step: int
+    ) -> None:
+        """``_cache_partial_tail_block`` with this step's prefill checkpoint: its block
+        is keyed at the checkpoint (replacing any key it had) where a later request can
+        resume there (the prompt's last reusable state, a retained boundary or the
+        junction); else the state there is transient and the block loses its key."""
+        position, block_size = blocks.checkpoint_position, self.block_size
+        block = blocks.block_ids[blocks.checkpoint_place]
+        at = position // block_size - 1
+        mask = self.mamba_retained(request, index, at, at + 1, reachable=False)
+        if (
+            position != self._checkpoint_position(request.prompt_len)
+            and mask is not None
+            and not mask[0]
+            and position != self.junction(request)
+        ):
+            pool.uncache(block)
+            return
+        key = group_key((request.block_hashes or ())[at], index)
+        if pool.block_hash[block] == key:
+            return
+        pool.uncache(block)
+        pool.block_hash[block] = key
+        pool.cached.setdefault(key, []).append(block)
+        self.cached_this_step[key] = step
+
     def mamba_retained(
-        self, request: RequestState, index: int, start: int, end: int
+        self, request: RequestState, index: int, start: int, end: int, reachable: bool = True
     ) -> list[bool] | None:
         """``MambaManager.reachable_block_mask`` for blocks ``start:end`` of group
         ``index`` (None: every block). A hit needs only the one state block ending at it:
         at ``retention_interval`` None every block, at N > 0 the last of each N-token
         segment (every block where N is a block or less), and from 0 on also those ending
-        at the places a later request resumes (``reachable_boundaries``)."""
+        at the places a later request resumes (``reachable_boundaries``; a checkpoint's
+        check passes none: ``reachable`` False)."""
         block_size, interval = self.block_size, self.retention_interval
         if interval is None:
             return None
@@ -641,7 +729,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             first = (start + per_segment) // per_segment * per_segment - 1
             for offset in range(first - start, end - start, per_segment):
                 mask[offset] = True
-        for boundary in self.reachable_boundaries(request, index):
+        for boundary in self.reachable_boundaries(request, index) if reachable else ():
             place = boundary // block_size - 1
             if start <= place < end:
                 mask[place - start] = True

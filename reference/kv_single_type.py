@@ -134,47 +134,60 @@ class MambaAlignManager(MambaManager):
     written where a chunk ends (the scheduler splits chunks there), the table padded
     with null blocks up to the running state's block; lookahead slots are not counted,
     and a request takes at most one block a step (plus its speculative blocks at
-    first). No prefill checkpoint blocks (``num_prefill_checkpoint_blocks`` 0).
+    first). Prefill checkpoint blocks (``mamba_prefill_checkpoint_blocks``) are modelled
+    by the coordinator with caching only (a ``checkpoint`` place here).
 
     Its rules act on any block table whose null places are falsy: ``GroupBlocks.table``
     here, the pool's block ids (``GroupBlocks.block_ids``) in the coordinator with
     caching."""
 
     def num_new_states(
-        self, blocks: GroupBlocks, num_places: int, num_tokens_main_model: int
+        self,
+        blocks: GroupBlocks,
+        num_places: int,
+        num_tokens_main_model: int,
+        checkpoint: bool = False,
     ) -> int:
         """``get_num_blocks_to_allocate``'s count past ``num_places`` (the table and a
         hit): the state blocks of the main model's tokens and the speculative blocks, at
-        most one a step (one plus the speculative blocks the first time). vLLM returns
-        a negative count as it is (the coordinator sums it): a table longer than needed
-        lowers what the other groups are asked."""
+        most one a step (one plus the speculative blocks the first time, one more with a
+        prefill ``checkpoint``). vLLM returns a negative count as it is (the coordinator
+        sums it): a table longer than needed lowers what the other groups are asked."""
         num_new = (
             cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks - num_places
         )
         if num_new > 0:
-            num_new = min(num_new, 1 if blocks.allocated else 1 + self.num_speculative_blocks)
+            cap = (1 if blocks.allocated else 1 + self.num_speculative_blocks) + checkpoint
+            num_new = min(num_new, cap)
         return num_new
 
     def place_states(
-        self, blocks: GroupBlocks, table: list[T], null: T, num_tokens_main_model: int
+        self,
+        blocks: GroupBlocks,
+        table: list[T],
+        null: T,
+        num_tokens_main_model: int,
+        checkpoint: bool = False,
     ) -> tuple[int, list[T]]:
         """``allocate_new_blocks`` up to taking blocks: the previous state's place is
         remembered (a hit's block, the first time), ``table`` is padded with ``null`` up
-        to the new running state's place, and the speculative blocks the running state
-        leaves behind move to its end (``_relocate_speculative_block``). Returns how
-        many blocks to take and the blocks moved."""
+        to the new running state's place (short of the place a prefill ``checkpoint``
+        writes, just before it), and the speculative blocks the running state leaves
+        behind move to its end (``_relocate_speculative_block``), but one at the
+        checkpoint's place. Returns how many blocks to take and the blocks moved."""
         num_spec = self.num_speculative_blocks
         required = cdiv(num_tokens_main_model, self.block_size) + num_spec
         allocated = blocks.allocated
         blocks.allocated = True
-        if required <= len(table):
+        if required <= len(table) and not checkpoint:
             return 0, []
         prev = len(table)
         if allocated:
             blocks.last_state_block_idx = prev - 1 - num_spec
         elif prev > 0:
             blocks.last_state_block_idx = prev - 1
-        num_skipped = required - num_spec - 1
+        # The running state's place; a checkpoint's is the one before it.
+        num_skipped = required - num_spec - 1 - checkpoint
         if prev < num_skipped:
             table += [null] * (num_skipped - prev)
         moved: list[T] = []

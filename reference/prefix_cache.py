@@ -140,17 +140,23 @@ class BlockPool:
         popleft = self.free_queue.popitem
         for _ in range(num_blocks):
             block, _none = popleft(last=False)
-            block_hash = self.block_hash[block]
-            if block_hash is not None:
-                owners = self.cached[block_hash]
-                owners.remove(block)
-                if not owners:
-                    del self.cached[block_hash]
-                self.block_hash[block] = None
+            if self.block_hash[block] is not None:
+                self.uncache(block)
                 evicted += 1
             self.ref_cnt[block] = 1
             blocks.append(block)
         return blocks, evicted
+
+    def uncache(self, block: int) -> None:
+        """``_maybe_evict_cached_block``: the block's hash leaves the cache (if it has one)."""
+        block_hash = self.block_hash[block]
+        if block_hash is None:
+            return
+        owners = self.cached[block_hash]
+        owners.remove(block)
+        if not owners:
+            del self.cached[block_hash]
+        self.block_hash[block] = None
 
     def cache_full_blocks(
         self, blocks: Sequence[int], block_hashes: Sequence[str], start: int, stop: int

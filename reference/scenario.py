@@ -217,6 +217,12 @@ class ConfigJson(Schema):
         " absent or `null` every block (vLLM's `KVCacheConfig` default), `0` only those a"
         " replay resumes at (the engine's default), `N` also one tail per `N` tokens",
     )
+    mamba_prefill_checkpoint_blocks: int = Field(
+        default=_engine("mamba_prefill_checkpoint_blocks"),
+        description="the Mamba groups' prefill checkpoint blocks (align mode): absent or `0`"
+        " none, the scheduler ends a prefill chunk at the prompt's reusable state; `1` the"
+        " state is saved inside the chunk, in a reserved block",
+    )
 
     def engine_config(self) -> EngineConfig:
         fields = dict(self)

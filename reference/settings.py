@@ -211,9 +211,10 @@ SETTINGS: tuple[Setting, ...] = (
         "kv_cache_config.kv_cache_groups[].kv_cache_spec.num_prefill_checkpoint_blocks"
         " (MambaSpec; 1 where Qwen's gated delta net layers run FlashInfer's prefill"
         " kernel, Hopper's default)",
-        0, False, 0,
+        0, True, 0,
         "a Mamba group in align mode saves the prompt's reusable state inside a prefill"
-        " chunk, in a block it reserves, instead of the scheduler ending the chunk there",
+        " chunk, in a block it reserves, instead of the scheduler ending the chunk there"
+        " (modelled with prefix caching on, the checkpoint aligned on the Mamba block)",
         recorded_since=3, optional=True,
     ),
     Setting(

@@ -38,6 +38,11 @@ class GroupBlocks:
     block_ids: list[int] = field(default_factory=list)
     """Prefix caching: the pool's block at each place (0, the null block, where one was
     freed or skipped); the hybrid caching coordinator keeps it instead of ``table``."""
+    checkpoint_position: int = 0
+    """Mamba ``align`` with prefill checkpoint blocks: the tokens whose state this step
+    saves inside its chunk (``_checkpoints``; 0: none)."""
+    checkpoint_place: int = -1
+    """The place of the block reserved for that state."""
     num_cached_blocks: int = -1
     """Prefix caching: ``num_cached_block[request_id]``, how many leading places are
     cached (-1: the request is not in that map, so its allocation counts skipped blocks)."""

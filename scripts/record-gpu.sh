@@ -14,11 +14,12 @@
 #                    tensor parallel 8 by default
 #   qwen3-next-mtp   Qwen/Qwen3-Next-80B-A3B-Instruct with its MTP module, K 2: Mamba
 #                    (gated delta net) + full attention groups, mamba_cache_mode align
-#                    under prefix caching; tensor parallel 4 by default. Its gated
-#                    delta net prefill runs Triton's kernel: FlashInfer's (Hopper's
-#                    default) saves Mamba states inside a prefill chunk in blocks it
-#                    reserves (mamba_prefill_checkpoint_blocks 1), which the reference
-#                    refuses by name; ADDITIONAL_CONFIG='{}' records that default.
+#                    under prefix caching; tensor parallel 4 by default. On Hopper its
+#                    gated delta net prefill runs FlashInfer's kernel, which saves the
+#                    prompt's Mamba state inside a prefill chunk in a block it reserves
+#                    (mamba_prefill_checkpoint_blocks 1 in the header);
+#                    ADDITIONAL_CONFIG='{"gdn_prefill_backend": "triton"}' records
+#                    Triton's, which does not.
 # MODEL, SPECULATIVE_CONFIG and ADDITIONAL_CONFIG (vLLM's --additional-config JSON) in
 # the environment override a preset's.
 #
@@ -44,7 +45,6 @@ if [[ ${1:-} == --preset ]]; then
       speculative='{"method": "mtp", "num_speculative_tokens": 1}' ;;
     qwen3-next-mtp)
       model=Qwen/Qwen3-Next-80B-A3B-Instruct tp=4
-      additional='{"gdn_prefill_backend": "triton"}'
       speculative='{"method": "mtp", "num_speculative_tokens": 2}' ;;
     *) echo "record-gpu.sh: unknown preset '$2' (gpt-oss-eagle3, deepseek-mtp, qwen3-next-mtp)" >&2
        exit 2 ;;

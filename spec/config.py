@@ -131,6 +131,12 @@ class EngineConfig:
     sliding-window group caches. None (``KVCacheConfig``'s default) every block; 0 (the
     engine's, copied from ``CacheConfig``) only those a replay of a prompt or a shared
     prefix resumes at; N > 0 also a tail once per N tokens."""
+    mamba_prefill_checkpoint_blocks: int = 0
+    """vLLM's ``MambaSpec.num_prefill_checkpoint_blocks`` of the Mamba groups (in
+    ``align`` mode): above 0 the Mamba layers save the prompt's reusable state inside a
+    prefill chunk, in a block the manager reserves (Qwen's gated delta net under
+    FlashInfer's prefill kernel sets 1), instead of the scheduler ending the chunk there.
+    Its checkpoint alignment is the Mamba block (no ``prefix_match_unit``)."""
 
     @property
     def groups(self) -> tuple[KVGroup, ...]:
@@ -215,6 +221,7 @@ def check_engine_config(config: EngineConfig) -> None:
     for index, group in enumerate(config.kv_groups):
         check_kv_group(group, f"kv_groups[{index}]")
     check_retention_interval(config)
+    check_mamba_checkpoints(config)
     modes = {group.mamba_cache_mode for group in config.kv_groups if group.kind == "mamba"}
     if len(modes) > 1:
         # One CacheConfig.mamba_cache_mode serves every Mamba group.
@@ -237,6 +244,22 @@ def check_engine_config(config: EngineConfig) -> None:
 RETENTION_KINDS = ("sliding_window", "sliding_window_mla", "mamba")
 """The kinds whose cached blocks ``prefix_cache_retention_interval`` thins (vLLM's
 ``SlidingWindowSpec`` and ``MambaSpec`` subclasses); other kinds cache every block."""
+
+
+def check_mamba_checkpoints(config: EngineConfig) -> None:
+    """Refuse a ``mamba_prefill_checkpoint_blocks`` that is not a count, or one above 0
+    that would act on nothing: vLLM reserves checkpoint blocks only for Mamba groups in
+    ``align`` mode."""
+    value = config.mamba_prefill_checkpoint_blocks
+    name = "mamba_prefill_checkpoint_blocks"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(name, f"must be an integer >= 0, got {value!r}")
+    if value and not any(
+        group.kind == "mamba" and group.mamba_cache_mode == "align" for group in config.groups
+    ):
+        raise ConfigError(
+            name, f"is {value}, but no kv_group is Mamba in 'align' mode: set it to 0"
+        )
 
 
 def check_retention_interval(config: EngineConfig) -> None:

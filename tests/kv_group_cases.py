@@ -46,6 +46,7 @@ def config(
     max_num_batched_tokens: int = 32,
     enable_prefix_caching: bool = False,
     prefix_cache_retention_interval: int | None = None,
+    mamba_prefill_checkpoint_blocks: int = 0,
 ) -> EngineConfig:
     spec = None
     if method is not None:
@@ -60,6 +61,7 @@ def config(
         kv_groups=groups,
         enable_prefix_caching=enable_prefix_caching,
         prefix_cache_retention_interval=prefix_cache_retention_interval,
+        mamba_prefill_checkpoint_blocks=mamba_prefill_checkpoint_blocks,
     )
 
 
@@ -424,6 +426,31 @@ CASES: tuple[Case, ...] = (
     retention_follow_up(0),
     retention_eagle(None),
     retention_eagle(0),
+    Case(
+        # Mamba in align mode with a prefill checkpoint block, caching on, blocks of 8,
+        # 12-token budget, 15 blocks lent. Step 0: r0's first 12 of 20 tokens end off a
+        # block and short of the prefill: the chunk is aligned back to 8; a Mamba state
+        # block and a full block (13). Step 1: the last 12 tokens end the prefill, start
+        # on a block and cross the last reusable state, 16, a block in: the Mamba layers
+        # save it inside the chunk, so the chunk is not cut there. Mamba reserves the
+        # checkpoint's place (1) beside the running state's (2): 2 blocks, full
+        # attention 2 (9); the checkpoint block is keyed at 16. Step 2: 20 processed
+        # tokens retire Mamba's places 1 and 0 (11); the 21st token fits.
+        "a Mamba prefill checkpoint saves the state inside the chunk",
+        config(
+            16,
+            MAMBA_ALIGN,
+            FULL_8,
+            block_size=8,
+            max_num_batched_tokens=12,
+            enable_prefix_caching=True,
+            mamba_prefill_checkpoint_blocks=1,
+        ),
+        (add("r0", tuple(range(20)), 4), STEP, sample(), STEP, sample_ids(r0=(100,)), STEP),
+        {0: ({"r0": 8}, {}, []), 1: ({"r0": 12}, {}, []), 2: ({"r0": 1}, {}, [])},
+        {0: 13, 1: 9, 2: 11},
+        {"mamba_aligned_split": 1},
+    ),
     mamba_state_hit(
         # 0.33: r0's step-1 chunk ends past the state, already keyed: r1's hit no longer
         # waits. r1 (21 tokens, 5 left after the hit) touches block 1, held by r0 (no

@@ -29,14 +29,15 @@ def test_gpt_oss_at_vllms_defaults_replays(version: str, served: bool) -> None:
 
 
 @pytest.mark.parametrize("version", RELEASE_VERSIONS)
-def test_qwen3_next_replays_unless_its_mamba_layers_checkpoint_inside_a_chunk(
+def test_qwen3_next_replays_whether_its_mamba_layers_checkpoint_inside_a_chunk(
     version: str,
 ) -> None:
-    """Mamba in align mode with prefix caching is modelled; the prefill checkpoint blocks
-    FlashInfer's gated-delta-net prefill reserves are refused by name."""
+    """Mamba in align mode with prefix caching is modelled, with the prefill checkpoint
+    blocks FlashInfer's gated-delta-net prefill reserves and without (Triton's)."""
     assert family("Qwen3-Next + MTP, Triton prefill").verdict(version) == "replays"
-    hopper = family("Qwen3-Next + MTP on Hopper (FlashInfer prefill)").verdict(version)
-    assert hopper.startswith("refused: `mamba_prefill_checkpoint_blocks` = `1`")
+    hopper = family("Qwen3-Next + MTP on Hopper (FlashInfer prefill)")
+    assert hopper.recorded_settings()["mamba_prefill_checkpoint_blocks"] == 1
+    assert hopper.verdict(version) == "replays"
 
 
 @pytest.mark.parametrize("version", RELEASE_VERSIONS)

@@ -27,9 +27,12 @@ gained its optional rows."""
 SLIDING = TRACES / "scheduler-async-0.33-gpt-oss-eagle3.ndjson.gz"
 """vLLM 0.33, sliding-window and full-attention groups, prefix caching on."""
 
-BASE_OF = {"prefix_cache_retention_interval": SLIDING}
-"""Rows whose cases need a layout ``BASE`` lacks (a sliding-window group): the trace each
-is set on instead."""
+MAMBA = TRACES / "scheduler-async-0.33-qwen3-next-mtp.ndjson.gz"
+"""vLLM 0.33, a Mamba group in align mode beside full attention, prefix caching on."""
+
+BASE_OF = {"prefix_cache_retention_interval": SLIDING, "mamba_prefill_checkpoint_blocks": MAMBA}
+"""Rows whose cases need a layout ``BASE`` lacks (a sliding-window or Mamba group): the
+trace each is set on instead."""
 
 OTHER_VALUE: dict[str, Any] = {
     "enable_prefix_caching": False,

@@ -1,7 +1,8 @@
 """The shipped traces of Qwen3-Next + MTP's KV layout at vLLM's defaults (a Mamba group in
 ``align`` mode beside full attention, prefix caching on, the engine's retention 0),
-recorded from each release's own ``AsyncScheduler``: each replays with hits, and each
-pins a Mamba rule of the coordinator with caching: taken out, the replay diverges."""
+recorded from each release's own ``AsyncScheduler``, with Triton's prefill (no prefill
+checkpoint blocks) and FlashInfer's (one): each replays with hits, and each pins a Mamba
+rule of the coordinator with caching: taken out, the replay diverges."""
 
 from __future__ import annotations
 
@@ -18,29 +19,57 @@ from dualbudget.reference.trace import read_trace
 from dualbudget.spec.releases import RELEASE_VERSIONS
 
 TRACE = "scheduler-async-{}-qwen3-next-mtp.ndjson.gz"
+CHECKPOINTS = "scheduler-async-{}-qwen3-next-mtp-checkpoints.ndjson.gz"
+TRACES_OF = {0: TRACE, 1: CHECKPOINTS}
+"""The trace per ``mamba_prefill_checkpoint_blocks``."""
 
 
-def first_divergence(version: str) -> int | None:
-    result = replay_trace(read_trace(TRACES / TRACE.format(version)))
+def first_divergence(
+    version: str, trace: str = TRACE, checkpoints: int | None = None
+) -> int | None:
+    """Where the replay of ``trace`` diverges (None: nowhere), at the recorded checkpoint
+    blocks or at ``checkpoints``."""
+    read = read_trace(TRACES / trace.format(version))
+    if checkpoints is not None:
+        config = dataclasses.replace(
+            read.header.config, mamba_prefill_checkpoint_blocks=checkpoints
+        )
+        read = dataclasses.replace(read, header=dataclasses.replace(read.header, config=config))
+    result = replay_trace(read)
     assert result.violations == []
     return None if result.divergence is None else result.divergence[0]
 
 
 @pytest.mark.parametrize("version", RELEASE_VERSIONS)
-def test_it_holds_a_mamba_group_in_align_mode_with_prefix_caching(version: str) -> None:
-    header = read_trace(TRACES / TRACE.format(version)).header
+@pytest.mark.parametrize("checkpoints", sorted(TRACES_OF))
+def test_it_holds_a_mamba_group_in_align_mode_with_prefix_caching(
+    version: str, checkpoints: int
+) -> None:
+    header = read_trace(TRACES / TRACES_OF[checkpoints].format(version)).header
     assert header.settings["kv_cache_groups"] == ["MambaSpec", "FullAttentionSpec"]
     assert header.enable_prefix_caching
     assert header.config.kv_groups[0].mamba_cache_mode == "align"
     assert header.config.prefix_cache_retention_interval == 0
-    assert header.settings["mamba_prefill_checkpoint_blocks"] == 0
+    assert header.settings["mamba_prefill_checkpoint_blocks"] == checkpoints
+    assert header.config.mamba_prefill_checkpoint_blocks == checkpoints
 
 
 @pytest.mark.parametrize("version", RELEASE_VERSIONS)
-def test_it_replays_with_hits(version: str) -> None:
-    result = replay_trace(read_trace(TRACES / TRACE.format(version)))
+@pytest.mark.parametrize("checkpoints", sorted(TRACES_OF))
+def test_it_replays_with_hits(version: str, checkpoints: int) -> None:
+    result = replay_trace(read_trace(TRACES / TRACES_OF[checkpoints].format(version)))
     assert result.divergence is None and result.violations == []
     assert result.steps_checked == 300 and result.prefix_hits > 0 and result.natural_stops > 0
+
+
+@pytest.mark.parametrize("version", RELEASE_VERSIONS)
+@pytest.mark.parametrize("checkpoints", sorted(TRACES_OF))
+def test_replayed_at_the_other_checkpoint_blocks_it_diverges(
+    version: str, checkpoints: int
+) -> None:
+    """A chunk that saves the prompt's state inside it is not cut there and asks one
+    block more: each trace pins the setting."""
+    assert first_divergence(version, TRACES_OF[checkpoints], 1 - checkpoints) is not None
 
 
 def _never_pending(self: HybridPrefixCachingKVCacheManager, state: object, hits: object) -> bool:

@@ -117,7 +117,6 @@ UNMODELLED = {
     "disable_eagle_block_drop": True,
     "disable_lookahead_block_hashes": True,
     "kv_cache_groups": ["FullAttentionSpec", "SlidingWindowSpec"],
-    "mamba_prefill_checkpoint_blocks": 1,
     "prefix_match_unit": 8,
     "enable_mamba_shared_prefix_checkpoint": True,
     "enable_lora": True,
