@@ -701,7 +701,15 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         ):
             pool.uncache(block)
             return
-        key = group_key((request.block_hashes or ())[at], index)
+        hashes = request.block_hashes or ()
+        if at >= len(hashes):
+            # A padded decode's rows past the prompt put the checkpoint beyond the tokens.
+            raise UnmirroredVllmCrash(
+                "vLLM's BlockPool asserts a checkpoint's prefix has its hashes, but request"
+                f" {request.request_id!r}'s checkpoint at {position} tokens is past its"
+                f" {len(hashes)} block hashes"
+            )
+        key = group_key(hashes[at], index)
         if pool.block_hash[block] == key:
             return
         pool.uncache(block)

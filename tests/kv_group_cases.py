@@ -470,3 +470,30 @@ CASES: tuple[Case, ...] = (
         {1: 10, 2: 8},
     ),
 )
+
+
+MAMBA_CHECKPOINT_PAST_THE_PROMPT = (
+    config(
+        32,
+        KVGroup("mamba", BLOCK_SIZE, mamba_cache_mode="align"),
+        FULL,
+        method="ngram",
+        k=4,
+        enable_prefix_caching=True,
+        mamba_prefill_checkpoint_blocks=1,
+    ),
+    (
+        add("r0", tuple(range(13)), 8),
+        STEP,
+        sample_ids(r0=(100,)),
+        add("r1", tuple(range(13)), 8),
+        STEP,
+    ),
+)
+"""A state vLLM asserts in (0.32 and 0.33): Mamba in align mode with a prefill checkpoint
+block, blocks of 4, n-gram K = 4, caching on at retention None. Step 0: r0's 13 tokens in
+one chunk, its state at 12 saved inside it and keyed. Step 1: r1, r0's prompt again, hits
+12 tokens; its one token left is padded to 1 + K = 5 rows (r0 decodes), so its chunk
+12..17 crosses 16 a block in: the manager reserves a checkpoint at 16, past r1's 13
+tokens, and caching it asks for a block hash r1 does not have (``BlockPool``'s assertion
+in ``_get_partial_block_hash``)."""

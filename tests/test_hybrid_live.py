@@ -15,7 +15,7 @@ import pytest
 
 from dualbudget.integration.aims import AIMS
 from dualbudget.integration.live import installed_vllm_version
-from dualbudget.integration.lockstep import Divergence, Lockstep
+from dualbudget.integration.lockstep import Divergence, Lockstep, MirroredCrash
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
 from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
@@ -78,6 +78,20 @@ def test_a_hand_worked_kv_group_case_agrees_live(case: kv_group_cases.Case, prof
     observed = lock.reference.observed
     for name in KV_GROUP_OBSERVED:
         assert observed[name] == case.observed.get(name, 0), name
+
+
+def test_vllm_fails_its_assertion_on_a_checkpoint_past_a_padded_prompt(profile: str) -> None:
+    """Where the reference raises ``UnmirroredVllmCrash`` (a padded request's Mamba
+    checkpoint past its prompt), vLLM's scheduler fails too: the lockstep calls it a
+    mirrored crash."""
+    config, events = kv_group_cases.MAMBA_CHECKPOINT_PAST_THE_PROMPT
+    lock = Lockstep(config, profile)
+    # vLLM's assertion: BlockPool._get_partial_block_hash, the checkpoint's hash.
+    with pytest.raises(
+        MirroredCrash, match=r"past its 3 block hashes; live: AssertionError: \(at block_pool"
+    ):
+        for event in events:
+            lock.handle(event)
 
 
 FAMILIES: dict[str, tuple[KVGroup, ...]] = {

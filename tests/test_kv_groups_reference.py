@@ -15,6 +15,7 @@ from dualbudget.reference.kv_coordinator import manager_for
 from dualbudget.reference.kv_hybrid import HybridKVCacheManager
 from dualbudget.reference.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
+from dualbudget.reference.violations import UnmirroredVllmCrash
 from dualbudget.spec.config import (
     REFUSED_KV_GROUP_KINDS,
     ConfigError,
@@ -25,7 +26,15 @@ from dualbudget.spec.config import (
 from dualbudget.spec.profiles import profile_named
 from dualbudget.spec.releases import release_named
 from dualbudget.spec.scenario_format import config_to_json
-from tests.kv_group_cases import CASES, FULL, SLIDING_WINDOW, STEP, Case, config
+from tests.kv_group_cases import (
+    CASES,
+    FULL,
+    MAMBA_CHECKPOINT_PAST_THE_PROMPT,
+    SLIDING_WINDOW,
+    STEP,
+    Case,
+    config,
+)
 
 
 def run(
@@ -234,3 +243,12 @@ def test_the_scenario_format_reads_and_writes_kv_groups() -> None:
     obj["config"]["kv_groups"] = [{"kind": "cross_attention", "block_size": 4}]
     with pytest.raises(ValueError, match=r"kv_groups\[0\]\.kind: CrossAttentionSpec"):
         parse_scenario(obj)
+
+
+@pytest.mark.parametrize("release", ["0.32", "0.33"])
+def test_a_checkpoint_past_a_padded_prompt_is_a_vllm_crash(release: str) -> None:
+    """The reference refuses to guess where vLLM fails its assertion
+    (``tests/test_hybrid_live.py`` shows vLLM failing there too)."""
+    config, events = MAMBA_CHECKPOINT_PAST_THE_PROMPT
+    with pytest.raises(UnmirroredVllmCrash, match="checkpoint at 16 tokens is past its 3"):
+        run(config, release, events)
