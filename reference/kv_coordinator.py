@@ -167,5 +167,4 @@ def hybrid_caching_manager(
         retention_interval=config.prefix_cache_retention_interval,
         retains_block_below_junction=release.retains_block_below_junction,
         rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
-        without_mamba=all(group.kind != "mamba" for group in groups),
     )

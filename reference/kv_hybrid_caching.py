@@ -49,6 +49,7 @@ the group reserves just before the running state's, keyed there (``_cache_checkp
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -104,12 +105,17 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     key was last cached in: vLLM clears the set when a step starts."""
     rekeys_cached_mamba_tail: bool = False
     """The release's ``rekeys_cached_mamba_tail``."""
-    without_mamba: bool = False
+    without_mamba: bool = field(init=False)
     """No group is Mamba: every group counts a running request's blocks past its table
     alike, and caches nothing once its full blocks are cached (the fast paths of
-    ``allocate_slots`` and ``cache_blocks`` rest on it)."""
+    ``allocate_slots`` and ``cache_blocks``, and the ``kv_slots_covered`` promise, rest
+    on it). Read off ``groups``."""
 
     enable_caching: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        without_mamba = not any(isinstance(group, MambaManager) for group in self.groups)
+        object.__setattr__(self, "without_mamba", without_mamba)
 
     # -- hashes ------------------------------------------------------------------------
     def _hashing(self) -> PrefixCachingKVCacheManager:
@@ -128,7 +134,11 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         self._hashing().check_output(state, event)
 
     def append_output(self, request: RequestState, event: ModelOutput, appended: int) -> None:
+        hashes = request.block_hashes
+        num_hashes = len(hashes) if hashes is not None else 0
         self._hashing().append_output(request, event, appended)
+        if hashes is not None and len(hashes) != num_hashes:
+            self._promise(request)  # a new hash: a block to cache
 
     # The one shared pool, reached as the single-group caching manager reaches it.
     pool = staticmethod(PrefixCachingKVCacheManager.pool)
@@ -437,24 +447,18 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             # group takes new blocks, so no group evicts another's hit.
             for group, blocks, group_hit in groups:
                 self._add_hit(pool, group, blocks, group_hit, num_local_computed)
-        taken = 0
         for group, blocks, _ in groups:
             if isinstance(group, MambaAlignManager):
                 num_new = self._place_mamba_blocks(pool, group, blocks, main)
             else:
                 num_new = cdiv(need_slot, group.block_size) - len(blocks.block_ids)
-            if num_new <= 0:
-                continue
             if num_new > pool.num_free_blocks:
                 raise UnmirroredVllmCrash(
                     f"vLLM's BlockPool.get_new_blocks fails: request {request.request_id!r}'s"
                     f" groups take more than the {pool.num_free_blocks} free blocks,"
                     f" counted {wanted}"
                 )
-            new_blocks, evicted = pool.get_new_blocks(num_new)
-            self.observed["cached_block_evicted"] += evicted
-            blocks.block_ids += new_blocks
-            taken += num_new
+            self._take_blocks(pool, blocks, num_new)
         # Real blocks: every place but the null block's (counted in C: every running
         # request of every step passes here).
         request.num_blocks = sum(
@@ -466,7 +470,16 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if cut:
             self.observed["hybrid_hit_cut"] += 1
         self.cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
+        self._promise(request)
         return True
+
+    def _take_blocks(self, pool: BlockPool, blocks: GroupBlocks, num_new: int) -> None:
+        """``allocate_new_blocks``' take: ``num_new`` blocks off the free queue's head
+        (evicting their hashes) join the group's table."""
+        if num_new > 0:
+            new_blocks, evicted = pool.get_new_blocks(num_new)
+            self.observed["cached_block_evicted"] += evicted
+            blocks.block_ids += new_blocks
 
     def _allocate_running(
         self, state: SchedulerState, request: RequestState, num_new_tokens: int
@@ -480,27 +493,54 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             total_computed + num_new_tokens + self.num_lookahead_tokens, self.max_model_len
         )
         processed = total_computed - request.num_in_flight_tokens
-        self.remove_skipped_blocks(state, request, processed if processed > 0 else 0)
+        if processed >= request.kv_skip_horizon:  # below it, no group frees a block
+            self.remove_skipped_blocks(state, request, processed)
         required = cdiv(need_slot, self.block_size)
-        wanted = 0
-        for blocks in request.kv_groups:
-            num_new = required - len(blocks.block_ids)
-            if num_new > 0:
-                wanted += num_new
+        lacking = [required - len(blocks.block_ids) for blocks in request.kv_groups]
+        wanted = sum(num_new for num_new in lacking if num_new > 0)
         if wanted > state.free_blocks:
             return False
         if wanted:
             pool = self.pool(state)
-            for blocks in request.kv_groups:
-                num_new = required - len(blocks.block_ids)
-                if num_new > 0:
-                    new_blocks, evicted = pool.get_new_blocks(num_new)
-                    self.observed["cached_block_evicted"] += evicted
-                    blocks.block_ids += new_blocks
+            for blocks, num_new in zip(request.kv_groups, lacking, strict=True):
+                self._take_blocks(pool, blocks, num_new)
             request.num_blocks += wanted
             state.free_blocks = pool.num_free_blocks
         self.cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
+        self._promise(request)
         return True
+
+    def _promise(self, request: RequestState) -> None:
+        """Set ``kv_slots_covered`` and ``kv_skip_horizon`` where no group is Mamba:
+        within them no group's table grows (the lookahead slots counted), has a hashed
+        block left to cache, or skips a block past the ones it let go
+        (``num_processed_to_skip``), so ``allocate_slots`` and ``cache_blocks`` would
+        do nothing. A Mamba group moves its state every step: no promise (0)."""
+        if not self.without_mamba:
+            return
+        block_size = self.block_size
+        hashes = request.block_hashes
+        num_hashes = len(hashes) if hashes is not None else 0
+        lookahead = self.num_lookahead_tokens
+        covered = horizon = sys.maxsize
+        # Every RUNNING step at a block boundary passes here: the mins are spelled out.
+        for group, blocks in zip(self.groups, request.kv_groups, strict=True):
+            num_cached = blocks.num_cached_blocks
+            if num_cached < 0:
+                covered = horizon = 0  # not yet allocated: the RUNNING loop asks
+                break
+            limit = len(blocks.block_ids) * block_size - lookahead
+            if num_hashes > num_cached:
+                next_cached = (num_cached + 1) * block_size - 1
+                if next_cached < limit:
+                    limit = next_cached
+            if limit < covered:
+                covered = limit
+            skip = group.num_processed_to_skip(blocks.num_retired_blocks + 1)
+            if skip < horizon:
+                horizon = skip
+        request.kv_slots_covered = covered
+        request.kv_skip_horizon = horizon
 
     @staticmethod
     def _place_mamba_blocks(
@@ -558,7 +598,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 continue
             ids = blocks.block_ids
             freed: list[int] = []
-            for index in range(min(skipped_tokens // group.block_size, len(ids)) - 1, -1, -1):
+            num_skipped = min(skipped_tokens // group.block_size, len(ids))
+            # The promise's bound: the places before num_skipped are null from here on.
+            blocks.num_retired_blocks = num_skipped
+            for index in range(num_skipped - 1, -1, -1):
                 if not ids[index]:
                     break
                 freed.append(ids[index])
@@ -592,7 +635,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
         """The coordinator's ``cache_blocks``: each group's full blocks of the first
         ``num_tokens`` tokens (as far as the request has hashes) get its key, but null
-        places and the sliding-window blocks retention drops (``retained``)."""
+        places and the sliding-window blocks retention drops (``retained``); a Mamba
+        group keys its state blocks instead (``_cache_mamba_blocks``)."""
         hashes = request.block_hashes or ()
         if self.without_mamba:
             num_full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
@@ -619,10 +663,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     continue
                 block = blocks.block_ids[place]
                 if block and pool.block_hash[block] is None:
-                    key = group_key(hashes[place], index)
-                    pool.block_hash[block] = key
-                    pool.cached.setdefault(key, []).append(block)
+                    pool.cache(block, group_key(hashes[place], index))
             blocks.num_cached_blocks = num_full
+        self._promise(request)
 
     def _cache_mamba_blocks(
         self,
@@ -653,8 +696,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 key = pool.block_hash[block]
                 if key is None:
                     key = group_key(hashes[place], index)
-                    pool.block_hash[block] = key
-                    pool.cached.setdefault(key, []).append(block)
+                    pool.cache(block, key)
                 self.cached_this_step[key] = step
             blocks.num_cached_blocks = num_full
         if blocks.checkpoint_position:
@@ -678,8 +720,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             return
         # A state block only ever holds its own place's state: keyed here or not at all.
         assert pool.block_hash[block] is None, f"Mamba block {block} keyed at another place"
-        pool.block_hash[block] = key
-        pool.cached.setdefault(key, []).append(block)
+        pool.cache(block, key)
         self.cached_this_step[key] = step
 
     def _cache_checkpoint(
@@ -713,8 +754,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if pool.block_hash[block] == key:
             return
         pool.uncache(block)
-        pool.block_hash[block] = key
-        pool.cached.setdefault(key, []).append(block)
+        pool.cache(block, key)
         self.cached_this_step[key] = step
 
     def mamba_retained(
@@ -813,6 +853,6 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         self.pending_cuts.pop(request.request_id, None)
         self.junctions.pop(request.request_id, None)
         request.num_blocks = 0
-        request.kv_slots_covered = 0
+        request.kv_slots_covered, request.kv_skip_horizon = 0, sys.maxsize
         request.kv_groups = [GroupBlocks() for _ in self.groups]
         state.free_blocks = pool.num_free_blocks

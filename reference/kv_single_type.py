@@ -12,6 +12,7 @@ see a group. With prefix caching on, the coordinator with caching
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -43,6 +44,13 @@ class FullAttentionManager:
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``get_num_skipped_tokens``: the default skips nothing."""
         return 0
+
+    def num_processed_to_skip(self, num_blocks: int) -> int:
+        """The fewest processed computed tokens whose skipped tokens fill ``num_blocks``
+        blocks (``num_skipped_tokens`` inverted, block-wise): below it
+        ``remove_skipped_blocks`` frees no block past the first ``num_blocks - 1``
+        places. Skipping nothing, never (the largest int)."""
+        return sys.maxsize
 
     def remove_skipped_blocks(self, blocks: GroupBlocks, processed_computed_tokens: int) -> int:
         """``remove_skipped_blocks``: free the skipped blocks (as far as the table goes),
@@ -101,6 +109,9 @@ class SlidingWindowManager(FullAttentionManager):
         # extra_retained_tokens is 0: no multi-module MTP in the subset.
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
+    def num_processed_to_skip(self, num_blocks: int) -> int:
+        return num_blocks * self.block_size + self.sliding_window - 1
+
 
 @dataclass(frozen=True, slots=True)
 class ChunkedLocalAttentionManager(FullAttentionManager):
@@ -111,6 +122,10 @@ class ChunkedLocalAttentionManager(FullAttentionManager):
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
+
+    def num_processed_to_skip(self, num_blocks: int) -> int:
+        chunk = self.attention_chunk_size
+        return cdiv(num_blocks * self.block_size, chunk) * chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +141,9 @@ class MambaManager(FullAttentionManager):
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1
+
+    def num_processed_to_skip(self, num_blocks: int) -> int:
+        return num_blocks * self.block_size + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,6 +147,12 @@ class BlockPool:
             blocks.append(block)
         return blocks, evicted
 
+    def cache(self, block: int, block_hash: str) -> None:
+        """The block joins the cache under ``block_hash`` (after any block of that hash
+        cached before it: a lookup takes the first)."""
+        self.block_hash[block] = block_hash
+        self.cached.setdefault(block_hash, []).append(block)
+
     def uncache(self, block: int) -> None:
         """``_maybe_evict_cached_block``: the block's hash leaves the cache (if it has one)."""
         block_hash = self.block_hash[block]
@@ -164,10 +170,8 @@ class BlockPool:
         """``cache_full_blocks``: blocks ``start..stop-1`` of a request get its hashes."""
         for index in range(start, stop):
             block, block_hash = blocks[index], block_hashes[index]
-            if self.block_hash[block] is not None:
-                continue  # a hit block: cached already
-            self.block_hash[block] = block_hash
-            self.cached.setdefault(block_hash, []).append(block)
+            if self.block_hash[block] is None:  # else a hit block: cached already
+                self.cache(block, block_hash)
 
     def free_blocks(self, ordered: Iterable[int]) -> None:
         """``free_blocks``, in eviction order: a block whose last reference goes joins

@@ -334,9 +334,12 @@ class Scheduler:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
                 continue
-            # kv's promise (RequestState.kv_slots_covered): within it the allocation is
-            # a no-op, so allocate_slots is asked only past it.
-            if computed + q > request.kv_slots_covered and not allocate_slots(state, request, q):
+            # kv's promise (RequestState.kv_slots_covered, kv_skip_horizon): within it
+            # the allocation is a no-op, so allocate_slots is asked only past it.
+            if (
+                computed + q > request.kv_slots_covered
+                or computed - request.num_in_flight_tokens >= request.kv_skip_horizon
+            ) and not allocate_slots(state, request, q):
                 # Preempting a request scheduled earlier in this step refunds its charge.
                 step.token_budget, step.input_budget = token_budget, input_budget
                 allocated, index = self._allocate_or_preempt(step, request, q, index)

@@ -8,6 +8,7 @@ replays the same decisions.
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,7 +35,8 @@ class GroupBlocks:
     last_state_block_idx: int = -1
     """Mamba ``align``: the place of the previous step's state block (-1: none)."""
     num_retired_blocks: int = 0
-    """Mamba ``align``: places before this one were freed already."""
+    """Places before this one were let go already (freed, or null): Mamba ``align``'s
+    retired states, and with prefix caching the blocks a window or chunk skipped."""
     block_ids: list[int] = field(default_factory=list)
     """Prefix caching: the pool's block at each place (0, the null block, where one was
     freed or skipped); the hybrid caching coordinator keeps it instead of ``table``."""
@@ -73,6 +75,10 @@ class RequestState:
     kv_slots_covered: int = 0
     """Kept by ``kv``: while computed plus newly scheduled tokens stay within it, the
     blocks held already cover the step and ``allocate_slots`` has nothing to do (0: ask)."""
+    kv_skip_horizon: int = sys.maxsize
+    """Kept by ``kv`` beside ``kv_slots_covered``, for attention that skips tokens: while
+    the processed tokens (computed, less those in flight) stay below it, no group frees
+    a block (the largest int: none ever does)."""
     is_prefill_chunk: bool = False
     """Set when the request was last scheduled: its prompt was not done after that chunk."""
     num_preemptions: int = 0

@@ -1,8 +1,8 @@
 """The bench's streams run with vLLM's defaults (prefix caching on, a shared system prompt,
 a hybrid layout among them), and what makes the reference's caching path fast changes no
-decision: the caching manager's ``kv_slots_covered`` promise, which lets the scheduler skip
-``allocate_slots`` and ``cache_blocks`` calls that would do nothing, and the packed block
-hash chain."""
+decision: the caching managers' ``kv_slots_covered`` / ``kv_skip_horizon`` promise (single
+group and hybrid), which lets the scheduler skip ``allocate_slots`` and ``cache_blocks``
+calls that would do nothing, and the packed block hash chain."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dualbudget.integration import commands
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import EventDriver, drive
 from dualbudget.reference.kv import PrefixCachingKVCacheManager
+from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.prefix_cache import hash_blocks
 from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
 from dualbudget.reference.state import RequestState
@@ -57,10 +58,21 @@ def test_every_stream_hits_the_system_prompt(profile: str) -> None:
         assert stream
 
 
-def _always_ask(self: PrefixCachingKVCacheManager, request: RequestState) -> None:
+def _always_ask(self: object, request: RequestState) -> None:
     """No promise: the scheduler asks ``allocate_slots`` and ``cache_blocks`` every time,
-    as vLLM does."""
-    request.kv_slots_covered = 0
+    and every group looks for blocks to free, as vLLM does."""
+    request.kv_slots_covered = request.kv_skip_horizon = 0
+
+
+def _hybrid_layout(rng: random.Random, block_size: int, eagle: bool) -> tuple[KVGroup, ...]:
+    """Shaped like gpt-oss (a sliding window beside full attention) or Llama 4 (chunked
+    local attention beside it), windows and chunks of one to three blocks."""
+    width = block_size * rng.randint(1, 3)
+    if rng.random() < 0.6:
+        local = KVGroup("sliding_window", block_size, sliding_window=width)
+    else:
+        local = KVGroup("chunked_local_attention", block_size, attention_chunk_size=width)
+    return (local, KVGroup("full_attention", block_size, is_eagle_group=eagle))
 
 
 def _random_scenario(rng: random.Random, index: int) -> Scenario:
@@ -101,14 +113,9 @@ def _random_scenario(rng: random.Random, index: int) -> Scenario:
         async_scheduling=async_scheduling,
         enable_prefix_caching=True,
         scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
-        # A third of them hybrid, shaped like gpt-oss: the coordinator hashes through the
-        # single-group manager, whose promise must not reach its requests.
-        kv_groups=(
-            KVGroup("sliding_window", block_size, sliding_window=block_size * rng.randint(1, 3)),
-            KVGroup("full_attention", block_size, is_eagle_group=spec is not None),
-        )
-        if rng.random() < 0.3
-        else (),
+        # Two in five hybrid: the coordinator hashes through the single-group manager and
+        # keeps its own promise, window and chunk skips included.
+        kv_groups=_hybrid_layout(rng, block_size, spec is not None) if rng.random() < 0.4 else (),
     )
     stops = {s: {str(i): 1 for i in range(len(requests)) if rng.random() < 0.05} for s in range(30)}
     acceptance = Acceptance(fixed=None, per_position=(0.8, 0.6, 0.5, 0.3), seed=index)
@@ -126,19 +133,35 @@ def _run(scenario: Scenario) -> dict[str, Any]:
 def test_the_caching_promise_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(1)
     scenarios = [_random_scenario(rng, i) for i in range(60)]
-    scenarios += [
-        w for p in PROFILES for w in commands.bench_workloads(p) if len(w.config.groups) == 1
-    ]
+    scenarios += [w for p in PROFILES for w in commands.bench_workloads(p)]
+    asks = {"fast": 0, "asked": 0}
+    allocate_slots = HybridPrefixCachingKVCacheManager.allocate_slots
+
+    def counted(mode: str) -> Any:
+        def allocate(self: HybridPrefixCachingKVCacheManager, *args: Any) -> bool:
+            asks[mode] += 1
+            return allocate_slots(self, *args)
+
+        return allocate
+
+    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "allocate_slots", counted("fast"))
     fast = [_run(s) for s in scenarios]
     monkeypatch.setattr(PrefixCachingKVCacheManager, "_promise", _always_ask)
+    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "_promise", _always_ask)
+    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "allocate_slots", counted("asked"))
     asked = [_run(s) for s in scenarios]
     assert fast == asked
+    # The hybrid promise is kept: it spares most of the coordinator's allocations.
+    assert asks["fast"] < asks["asked"] / 2, asks
     # The scenarios reach what the promise must not skip past: evictions, preemptions,
     # hits on running requests' blocks, resumed re-hits.
     observed = [run["observed"] for run in fast]
     for event in ("cached_block_evicted", "hit_on_running_block", "resume_rehit"):
         assert sum(o[event] > 0 for o in observed) >= 4, event
     assert sum(any(r["preempted"] for r in run["records"]) for run in fast) >= 5
+    # ... and the hybrid layouts free window and chunk blocks, preempt and cut hits.
+    for event in ("window_blocks_freed", "hybrid_preempt", "hybrid_hit_cut"):
+        assert sum(o.get(event, 0) > 0 for o in observed) >= 3, event
 
 
 def test_the_packed_chain_is_one_chain() -> None:

@@ -9,6 +9,7 @@ pool never goes below empty and every block lent is held by one request in one g
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -18,10 +19,11 @@ from hypothesis import strategies as st
 from dualbudget.reference.driver import ScenarioRun, drive
 from dualbudget.reference.events import Event, StepRecord
 from dualbudget.reference.kv import cdiv
+from dualbudget.reference.kv_single_type import single_type_manager
 from dualbudget.reference.scenario import Scenario, parse_scenario
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
 from dualbudget.reference.state import SchedulerState
-from dualbudget.spec.config import SpeculativeConfig, runs_async
+from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig, runs_async
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.profiles import profile_named
 
@@ -220,3 +222,32 @@ def test_the_random_layouts_reach_the_kv_group_events(
 
     collect()
     assert reached >= events
+
+
+@given(
+    kind=st.sampled_from(["full_attention", "sliding_window", "chunked_local_attention", "mamba"]),
+    block_size=st.sampled_from([1, 4, 16]),
+    width=st.integers(1, 64),
+    num_blocks=st.integers(1, 12),
+)
+def test_num_processed_to_skip_inverts_num_skipped_tokens(
+    kind: str, block_size: int, width: int, num_blocks: int
+) -> None:
+    """The promise's horizon is the first processed count whose skipped tokens fill the
+    blocks: one token fewer fills fewer (so no block is freed early or late)."""
+    group = single_type_manager(
+        KVGroup(
+            kind,
+            block_size,
+            sliding_window=width if kind == "sliding_window" else None,
+            attention_chunk_size=width if kind == "chunked_local_attention" else None,
+        ),
+        EngineConfig(64, 4, 4096, block_size, 64),
+    )
+    first = group.num_processed_to_skip(num_blocks)
+    if kind == "full_attention":
+        assert first == sys.maxsize
+        assert group.num_skipped_tokens(4096) == 0
+        return
+    assert group.num_skipped_tokens(first) // block_size >= num_blocks
+    assert group.num_skipped_tokens(first - 1) // block_size < num_blocks
