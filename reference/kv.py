@@ -103,13 +103,17 @@ class KVCacheManager:
         request.kv_slots_covered = request.num_blocks * self.block_size - self.num_lookahead_tokens
         return True
 
+    def slots_needed(self, num_computed: int, num_new_tokens: int) -> int:
+        """``allocate_slots``' ``num_tokens_need_slot``: the slots a table covers to
+        compute ``num_new_tokens`` past ``num_computed``, the lookahead's included,
+        capped at ``max_model_len``."""
+        need_slot = num_computed + num_new_tokens + self.num_lookahead_tokens
+        return need_slot if need_slot < self.max_model_len else self.max_model_len
+
     def _num_blocks_wanted(self, num_computed: int, num_held: int, num_new_tokens: int) -> int:
         """Blocks beyond the ``num_held`` a request needs to compute ``num_new_tokens``
         past ``num_computed`` (``<= 0``: none)."""
-        need_slot = num_computed + num_new_tokens + self.num_lookahead_tokens
-        if need_slot > self.max_model_len:
-            need_slot = self.max_model_len
-        return -(-need_slot // self.block_size) - num_held  # cdiv
+        return cdiv(self.slots_needed(num_computed, num_new_tokens), self.block_size) - num_held
 
     def full_sequence_fits(
         self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT

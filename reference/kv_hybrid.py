@@ -80,7 +80,7 @@ class HybridKVCacheManager(KVCacheManager):
         with only the skipped blocks freed, if the pool is short."""
         total_computed = min(request.num_computed_tokens, self.max_model_len)
         main = total_computed + num_new_tokens
-        need_slot = min(main + self.num_lookahead_tokens, self.max_model_len)
+        need_slot = self.slots_needed(total_computed, num_new_tokens)
         self.remove_skipped_blocks(
             state, request, max(0, total_computed - request.num_in_flight_tokens)
         )

@@ -420,7 +420,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         num_local_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
         total_computed = min(num_local_computed, self.max_model_len)
         main = total_computed + num_new_tokens
-        need_slot = min(main + self.num_lookahead_tokens, self.max_model_len)
+        need_slot = self.slots_needed(total_computed, num_new_tokens)
         self.remove_skipped_blocks(
             state, request, max(0, total_computed - request.num_in_flight_tokens)
         )
@@ -469,7 +469,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         cut = self.pending_cuts.pop(request.request_id, 0)
         if cut:
             self.observed["hybrid_hit_cut"] += 1
-        self.cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
+        self._cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
         self._promise(request)
         return True
 
@@ -489,9 +489,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         past its table, of the one block size; the count fitting the free blocks, no
         group can take more than the pool holds, and no hit cut is pending."""
         total_computed = min(request.num_computed_tokens, self.max_model_len)
-        need_slot = min(
-            total_computed + num_new_tokens + self.num_lookahead_tokens, self.max_model_len
-        )
+        need_slot = self.slots_needed(total_computed, num_new_tokens)
         processed = total_computed - request.num_in_flight_tokens
         if processed >= request.kv_skip_horizon:  # below it, no group frees a block
             self.remove_skipped_blocks(state, request, processed)
@@ -506,28 +504,28 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 self._take_blocks(pool, blocks, num_new)
             request.num_blocks += wanted
             state.free_blocks = pool.num_free_blocks
-        self.cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
+        self._cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
         self._promise(request)
         return True
 
     def _promise(self, request: RequestState) -> None:
-        """Set ``kv_slots_covered`` and ``kv_skip_horizon`` where no group is Mamba:
-        within them no group's table grows (the lookahead slots counted), has a hashed
-        block left to cache, or skips a block past the ones it let go
-        (``num_processed_to_skip``), so ``allocate_slots`` and ``cache_blocks`` would
-        do nothing. A Mamba group moves its state every step: no promise (0)."""
+        """Set ``kv_slots_covered`` where no group is Mamba: within it no group's table
+        grows (the lookahead slots counted) or has a hashed block left to cache, so
+        ``allocate_slots`` and ``cache_blocks`` would do nothing (with
+        ``kv_skip_horizon``, which ``remove_skipped_blocks`` keeps). A Mamba group
+        moves its state every step: no promise (0)."""
         if not self.without_mamba:
             return
         block_size = self.block_size
         hashes = request.block_hashes
         num_hashes = len(hashes) if hashes is not None else 0
         lookahead = self.num_lookahead_tokens
-        covered = horizon = sys.maxsize
+        covered = sys.maxsize
         # Every RUNNING step at a block boundary passes here: the mins are spelled out.
-        for group, blocks in zip(self.groups, request.kv_groups, strict=True):
+        for blocks in request.kv_groups:
             num_cached = blocks.num_cached_blocks
             if num_cached < 0:
-                covered = horizon = 0  # not yet allocated: the RUNNING loop asks
+                covered = 0  # not yet allocated: the RUNNING loop asks
                 break
             limit = len(blocks.block_ids) * block_size - lookahead
             if num_hashes > num_cached:
@@ -536,11 +534,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     limit = next_cached
             if limit < covered:
                 covered = limit
-            skip = group.num_processed_to_skip(blocks.num_retired_blocks + 1)
-            if skip < horizon:
-                horizon = skip
         request.kv_slots_covered = covered
-        request.kv_skip_horizon = horizon
 
     @staticmethod
     def _place_mamba_blocks(
@@ -612,6 +606,13 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 if group.recycles_window:
                     self.observed["window_blocks_freed"] += len(freed)
         state.free_blocks = pool.num_free_blocks
+        if self.without_mamba:
+            # The promise's other half: below this, no group skips a block past the
+            # ones it let go (the processed tokens only grow while the request runs).
+            request.kv_skip_horizon = min(
+                group.num_processed_to_skip(blocks.num_retired_blocks + 1)
+                for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+            )
 
     @staticmethod
     def _retire_mamba_blocks(
@@ -633,10 +634,16 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         return len(retired) + len(state)
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
+        """``_cache_blocks``, the promise kept."""
+        if self._cache_blocks(state, request, num_tokens):
+            self._promise(request)
+
+    def _cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> bool:
         """The coordinator's ``cache_blocks``: each group's full blocks of the first
         ``num_tokens`` tokens (as far as the request has hashes) get its key, but null
         places and the sliding-window blocks retention drops (``retained``); a Mamba
-        group keys its state blocks instead (``_cache_mamba_blocks``)."""
+        group keys its state blocks instead (``_cache_mamba_blocks``). Returns whether
+        it looked (False: every group caches that far already)."""
         hashes = request.block_hashes or ()
         if self.without_mamba:
             num_full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
@@ -644,7 +651,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 if blocks.num_cached_blocks < num_full:
                     break
             else:
-                return  # every group caches that far already
+                return False
         pool = self.pool(state)
         for index, (group, blocks) in enumerate(zip(self.groups, request.kv_groups, strict=True)):
             if isinstance(group, MambaAlignManager):
@@ -665,7 +672,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 if block and pool.block_hash[block] is None:
                     pool.cache(block, group_key(hashes[place], index))
             blocks.num_cached_blocks = num_full
-        self._promise(request)
+        return True
 
     def _cache_mamba_blocks(
         self,

@@ -61,7 +61,7 @@ def test_every_stream_hits_the_system_prompt(profile: str) -> None:
 def _always_ask(self: object, request: RequestState) -> None:
     """No promise: the scheduler asks ``allocate_slots`` and ``cache_blocks`` every time,
     and every group looks for blocks to free, as vLLM does."""
-    request.kv_slots_covered = request.kv_skip_horizon = 0
+    request.kv_slots_covered = 0
 
 
 def _hybrid_layout(rng: random.Random, block_size: int, eagle: bool) -> tuple[KVGroup, ...]:
@@ -148,6 +148,17 @@ def test_the_caching_promise_changes_no_decision(monkeypatch: pytest.MonkeyPatch
     fast = [_run(s) for s in scenarios]
     monkeypatch.setattr(PrefixCachingKVCacheManager, "_promise", _always_ask)
     monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "_promise", _always_ask)
+    remove_skipped_blocks = HybridPrefixCachingKVCacheManager.remove_skipped_blocks
+
+    def remove_every_time(
+        self: HybridPrefixCachingKVCacheManager, state: Any, request: RequestState, n: int
+    ) -> None:
+        remove_skipped_blocks(self, state, request, n)
+        request.kv_skip_horizon = 0  # no horizon: every allocation looks for skips
+
+    monkeypatch.setattr(
+        HybridPrefixCachingKVCacheManager, "remove_skipped_blocks", remove_every_time
+    )
     monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "allocate_slots", counted("asked"))
     asked = [_run(s) for s in scenarios]
     assert fast == asked
