@@ -53,13 +53,17 @@ class HybridKVCacheManager(KVCacheManager):
     enable_caching: ClassVar[bool] = False
 
     def add_request(self, request: RequestState, event: AddRequest) -> None:
-        """An empty block table in every group."""
+        """An empty block table in every group; the first allocation looks for skips
+        (``kv_skip_horizon`` 0)."""
         request.kv_groups = [GroupBlocks() for _ in self.groups]
+        request.kv_skip_horizon = 0
 
     def remove_skipped_blocks(
         self, state: SchedulerState, request: RequestState, processed_computed_tokens: int
     ) -> None:
-        """``remove_skipped_blocks``: each group frees what attention no longer reads."""
+        """``remove_skipped_blocks``: each group frees what attention no longer reads;
+        below ``kv_skip_horizon`` none would free more (a Mamba ``align`` group's
+        states move every step: 0)."""
         for group, blocks in zip(self.groups, request.kv_groups, strict=True):
             freed = group.remove_skipped_blocks(blocks, processed_computed_tokens)
             if freed:
@@ -67,6 +71,25 @@ class HybridKVCacheManager(KVCacheManager):
                 request.num_blocks -= freed
                 if group.recycles_window:
                     self.observed["window_blocks_freed"] += freed
+        request.kv_skip_horizon = 0
+        if not self.split_block_size:
+            # The processed tokens only grow while the request runs.
+            request.kv_skip_horizon = min(
+                group.num_processed_to_skip(blocks.num_retired_blocks + 1)
+                for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+            )
+
+    def _promise(self, request: RequestState) -> None:
+        """Set ``kv_slots_covered``: within it no group's table grows (a Mamba group's
+        speculative blocks and the lookahead slots counted), so ``allocate_slots`` would
+        take nothing. A Mamba ``align`` group places its state every step: no promise."""
+        if self.split_block_size:
+            return
+        lookahead = self.num_lookahead_tokens
+        request.kv_slots_covered = min(
+            len(blocks.table) * group.block_size - group.num_tokens(0) - lookahead
+            for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+        )
 
     def allocate_slots(
         self,
@@ -81,9 +104,9 @@ class HybridKVCacheManager(KVCacheManager):
         total_computed = min(request.num_computed_tokens, self.max_model_len)
         main = total_computed + num_new_tokens
         need_slot = self.slots_needed(total_computed, num_new_tokens)
-        self.remove_skipped_blocks(
-            state, request, max(0, total_computed - request.num_in_flight_tokens)
-        )
+        processed = max(0, total_computed - request.num_in_flight_tokens)
+        if processed >= request.kv_skip_horizon:
+            self.remove_skipped_blocks(state, request, processed)
         pairs = list(zip(self.groups, request.kv_groups, strict=True))
         wanted = sum(
             group.num_blocks_to_allocate(blocks, need_slot, main, total_computed, False)
@@ -101,8 +124,7 @@ class HybridKVCacheManager(KVCacheManager):
             )
         state.free_blocks -= taken
         request.num_blocks += taken
-        # Every allocation may free skipped blocks, so this manager makes no
-        # kv_slots_covered promise: the RUNNING loop always asks it.
+        self._promise(request)
         return True
 
     def full_sequence_fits(
@@ -122,7 +144,7 @@ class HybridKVCacheManager(KVCacheManager):
         """``free``: every group's real blocks go back to the pool."""
         state.free_blocks += request.num_blocks
         request.num_blocks = 0
-        request.kv_slots_covered = 0
+        request.kv_slots_covered = request.kv_skip_horizon = 0
         request.kv_groups = [GroupBlocks() for _ in self.groups]
 
     def preempt(self, state: SchedulerState, request: RequestState) -> None:

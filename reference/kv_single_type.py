@@ -61,7 +61,10 @@ class FullAttentionManager:
             return 0
         table = blocks.table
         freed = 0
-        for index in range(min(skipped_tokens // self.block_size, len(table)) - 1, -1, -1):
+        num_skipped = min(skipped_tokens // self.block_size, len(table))
+        # The coordinator's promise reads it: the places before it are null from here on.
+        blocks.num_retired_blocks = num_skipped
+        for index in range(num_skipped - 1, -1, -1):
             if not table[index]:
                 break
             table[index] = False
