@@ -71,13 +71,16 @@ class HybridKVCacheManager(KVCacheManager):
                 request.num_blocks -= freed
                 if group.recycles_window:
                     self.observed["window_blocks_freed"] += freed
-        request.kv_skip_horizon = 0
-        if not self.split_block_size:
-            # The processed tokens only grow while the request runs.
-            request.kv_skip_horizon = min(
-                group.num_processed_to_skip(blocks.num_retired_blocks + 1)
-                for group, blocks in zip(self.groups, request.kv_groups, strict=True)
-            )
+        request.kv_skip_horizon = 0 if self.split_block_size else self._skip_horizon(request)
+
+    def _skip_horizon(self, request: RequestState) -> int:
+        """The fewest processed tokens at which a group skips a block past the places it
+        let go: while the request runs the processed tokens only grow, so below it
+        ``remove_skipped_blocks`` would free nothing."""
+        return min(
+            group.num_processed_to_skip(blocks.num_retired_blocks + 1)
+            for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+        )
 
     def _promise(self, request: RequestState) -> None:
         """Set ``kv_slots_covered``: within it no group's table grows (a Mamba group's

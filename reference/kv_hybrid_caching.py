@@ -587,19 +587,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     pool, group, blocks, processed_computed_tokens
                 )
                 continue
-            skipped_tokens = group.num_skipped_tokens(processed_computed_tokens)
-            if skipped_tokens <= 0:
-                continue
-            ids = blocks.block_ids
-            freed: list[int] = []
-            num_skipped = min(skipped_tokens // group.block_size, len(ids))
-            # The promise's bound: the places before num_skipped are null from here on.
-            blocks.num_retired_blocks = num_skipped
-            for index in range(num_skipped - 1, -1, -1):
-                if not ids[index]:
-                    break
-                freed.append(ids[index])
-                ids[index] = NULL_BLOCK
+            freed = group.skip_places(
+                blocks, blocks.block_ids, NULL_BLOCK, processed_computed_tokens
+            )
             if freed:
                 pool.free_blocks(freed)
                 request.num_blocks -= len(freed)
@@ -607,12 +597,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     self.observed["window_blocks_freed"] += len(freed)
         state.free_blocks = pool.num_free_blocks
         if self.without_mamba:
-            # The promise's other half: below this, no group skips a block past the
-            # ones it let go (the processed tokens only grow while the request runs).
-            request.kv_skip_horizon = min(
-                group.num_processed_to_skip(blocks.num_retired_blocks + 1)
-                for group, blocks in zip(self.groups, request.kv_groups, strict=True)
-            )
+            request.kv_skip_horizon = self._skip_horizon(request)
 
     @staticmethod
     def _retire_mamba_blocks(

@@ -52,24 +52,30 @@ class FullAttentionManager:
         places. Skipping nothing, never (the largest int)."""
         return sys.maxsize
 
-    def remove_skipped_blocks(self, blocks: GroupBlocks, processed_computed_tokens: int) -> int:
-        """``remove_skipped_blocks``: free the skipped blocks (as far as the table goes),
-        from the last back to the first null block (``_remove_blocks_in_range``).
-        Returns how many went back to the pool."""
+    def skip_places(
+        self, blocks: GroupBlocks, table: list[T], null: T, processed_computed_tokens: int
+    ) -> list[T]:
+        """``remove_skipped_blocks`` on any block table: the skipped places (as far as
+        ``table`` goes), from the last back to the first null one
+        (``_remove_blocks_in_range``), become ``null``. Returns what they held, last
+        first."""
         skipped_tokens = self.num_skipped_tokens(processed_computed_tokens)
         if skipped_tokens <= 0:
-            return 0
-        table = blocks.table
-        freed = 0
+            return []
+        freed: list[T] = []
         num_skipped = min(skipped_tokens // self.block_size, len(table))
         # The coordinator's promise reads it: the places before it are null from here on.
         blocks.num_retired_blocks = num_skipped
         for index in range(num_skipped - 1, -1, -1):
             if not table[index]:
                 break
-            table[index] = False
-            freed += 1
+            freed.append(table[index])
+            table[index] = null
         return freed
+
+    def remove_skipped_blocks(self, blocks: GroupBlocks, processed_computed_tokens: int) -> int:
+        """``skip_places`` on the group's table. Returns how many went back to the pool."""
+        return len(self.skip_places(blocks, blocks.table, False, processed_computed_tokens))
 
     def num_blocks_to_allocate(
         self,
