@@ -18,10 +18,11 @@ from dualbudget.reference.kv import PrefixCachingKVCacheManager
 from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.prefix_cache import hash_blocks
 from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
-from dualbudget.reference.state import RequestState
 from dualbudget.reference.token_ids import segment, unique_prompt
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
+
+from .kv_promise import counting_allocations, without_promise
 
 PROFILES = ("vllm-0.32", "vllm-0.33")
 
@@ -56,12 +57,6 @@ def test_every_stream_hits_the_system_prompt(profile: str) -> None:
         # first arrivals of a step may all miss: none of them has cached it yet).
         assert len(workload.requests) - 16 <= hits <= len(workload.requests), workload
         assert stream
-
-
-def _always_ask(self: object, request: RequestState) -> None:
-    """No promise: the scheduler asks ``allocate_slots`` and ``cache_blocks`` every time,
-    and every group looks for blocks to free, as vLLM does."""
-    request.kv_slots_covered = 0
 
 
 def _hybrid_layout(rng: random.Random, block_size: int, eagle: bool) -> tuple[KVGroup, ...]:
@@ -126,41 +121,27 @@ def _random_scenario(rng: random.Random, index: int) -> Scenario:
 
 def _run(scenario: Scenario) -> dict[str, Any]:
     reference = make_scheduler(scenario.config, profile_named(scenario.profile), check="collect")
-    records = [step.record.to_json() for step in drive(EventDriver.of(scenario, 400), reference)]
-    return {"records": records, "observed": dict(reference.observed)}
+    records, free_blocks = [], []
+    for step in drive(EventDriver.of(scenario, 400), reference):
+        records.append(step.record.to_json())
+        # Within the promise no block would be freed either: the pool matches step by step.
+        free_blocks.append(reference.state.free_blocks)
+    return {"records": records, "free_blocks": free_blocks, "observed": dict(reference.observed)}
 
 
-def test_the_caching_promise_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_caching_promise_changes_no_decision() -> None:
     rng = random.Random(1)
     scenarios = [_random_scenario(rng, i) for i in range(60)]
     scenarios += [w for p in PROFILES for w in commands.bench_workloads(p)]
     asks = {"fast": 0, "asked": 0}
-    allocate_slots = HybridPrefixCachingKVCacheManager.allocate_slots
-
-    def counted(mode: str) -> Any:
-        def allocate(self: HybridPrefixCachingKVCacheManager, *args: Any) -> bool:
-            asks[mode] += 1
-            return allocate_slots(self, *args)
-
-        return allocate
-
-    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "allocate_slots", counted("fast"))
-    fast = [_run(s) for s in scenarios]
-    monkeypatch.setattr(PrefixCachingKVCacheManager, "_promise", _always_ask)
-    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "_promise", _always_ask)
-    remove_skipped_blocks = HybridPrefixCachingKVCacheManager.remove_skipped_blocks
-
-    def remove_every_time(
-        self: HybridPrefixCachingKVCacheManager, state: Any, request: RequestState, n: int
-    ) -> None:
-        remove_skipped_blocks(self, state, request, n)
-        request.kv_skip_horizon = 0  # no horizon: every allocation looks for skips
-
-    monkeypatch.setattr(
-        HybridPrefixCachingKVCacheManager, "remove_skipped_blocks", remove_every_time
-    )
-    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "allocate_slots", counted("asked"))
-    asked = [_run(s) for s in scenarios]
+    hybrid = HybridPrefixCachingKVCacheManager
+    with counting_allocations(hybrid, asks, "fast"):
+        fast = [_run(s) for s in scenarios]
+    with (
+        without_promise(PrefixCachingKVCacheManager, hybrid),
+        counting_allocations(hybrid, asks, "asked"),
+    ):
+        asked = [_run(s) for s in scenarios]
     assert fast == asked
     # The hybrid promise is kept: it spares most of the coordinator's allocations.
     assert asks["fast"] < asks["asked"] / 2, asks

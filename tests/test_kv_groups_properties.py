@@ -10,11 +10,8 @@ pool never goes below empty and every block lent is held by one request in one g
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
-from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,10 +25,12 @@ from dualbudget.reference.kv_hybrid import HybridKVCacheManager
 from dualbudget.reference.kv_single_type import single_type_manager
 from dualbudget.reference.scenario import Scenario, parse_scenario
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
-from dualbudget.reference.state import RequestState, SchedulerState
+from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig, runs_async
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.profiles import profile_named
+
+from .kv_promise import counting_allocations, without_promise
 
 MAX_STEPS = 3000
 SETTINGS = settings(
@@ -259,34 +258,13 @@ def test_num_processed_to_skip_inverts_num_skipped_tokens(
     assert group.num_skipped_tokens(first - 1) // block_size < num_blocks
 
 
-def _records(scenario: Scenario) -> list[dict[str, Any]]:
-    run = ScenarioRun(scenario, max_steps=MAX_STEPS)
-    return [step.record.to_json() for step in drive(run.driver, run.scheduler)]
-
-
-def _always_ask(self: HybridKVCacheManager, request: RequestState) -> None:
-    """No promise: the RUNNING loop asks ``allocate_slots`` every step, as vLLM does."""
-    request.kv_slots_covered = 0
-
-
-_remove_skipped_blocks = HybridKVCacheManager.remove_skipped_blocks
-
-
-def _remove_every_time(
-    self: HybridKVCacheManager, state: SchedulerState, request: RequestState, processed: int
-) -> None:
-    """No horizon: every allocation looks for blocks to free, as vLLM's does."""
-    _remove_skipped_blocks(self, state, request, processed)
-    request.kv_skip_horizon = 0
-
-
-@contextmanager
-def _no_promise() -> Iterator[None]:
-    with (
-        patch.object(HybridKVCacheManager, "_promise", _always_ask),
-        patch.object(HybridKVCacheManager, "remove_skipped_blocks", _remove_every_time),
-    ):
-        yield
+def _records(run: ScenarioRun) -> list[tuple[dict[str, Any], int]]:
+    """Each step's record, and the free blocks after it: within the promise no block
+    would be freed either, so the pool matches step by step."""
+    return [
+        (step.record.to_json(), run.scheduler.state.free_blocks)
+        for step in drive(run.driver, run.scheduler)
+    ]
 
 
 @SETTINGS
@@ -295,9 +273,9 @@ def test_the_hybrid_promise_changes_no_decision(scenario: Scenario) -> None:
     """The caching-off coordinator's ``kv_slots_covered`` / ``kv_skip_horizon`` promise
     skips only allocations that would change nothing: every layout family decides the
     same with it and without it."""
-    fast = _records(scenario)
-    with _no_promise():
-        asked = _records(scenario)
+    fast = _records(ScenarioRun(scenario, max_steps=MAX_STEPS))
+    with without_promise(HybridKVCacheManager):
+        asked = _records(ScenarioRun(scenario, max_steps=MAX_STEPS))
     assert fast == asked
 
 
@@ -307,20 +285,14 @@ def test_the_hybrid_promise_spares_allocations() -> None:
     [bench] = [w for w in bench_workloads("vllm-0.33") if len(w.config.groups) > 1]
     scenario = replace(bench, config=replace(bench.config, enable_prefix_caching=False))
     asks = {"fast": 0, "asked": 0}
-    allocate_slots = HybridKVCacheManager.allocate_slots
-
-    def counted(mode: str) -> Any:
-        def allocate(self: HybridKVCacheManager, *args: Any) -> bool:
-            asks[mode] += 1
-            return allocate_slots(self, *args)
-
-        return allocate
-
-    with patch.object(HybridKVCacheManager, "allocate_slots", counted("fast")):
+    with counting_allocations(HybridKVCacheManager, asks, "fast"):
         run = ScenarioRun(scenario, max_steps=MAX_STEPS)
-        fast = [step.record.to_json() for step in drive(run.driver, run.scheduler)]
+        fast = _records(run)
         assert run.scheduler.observed["window_blocks_freed"] > 0
-    with _no_promise(), patch.object(HybridKVCacheManager, "allocate_slots", counted("asked")):
-        asked = _records(scenario)
+    with (
+        without_promise(HybridKVCacheManager),
+        counting_allocations(HybridKVCacheManager, asks, "asked"),
+    ):
+        asked = _records(ScenarioRun(scenario, max_steps=MAX_STEPS))
     assert fast == asked
     assert asks["fast"] < asks["asked"] / 2, asks
