@@ -320,9 +320,10 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
                 st.sampled_from((0, 0, 0, None)), label="prefix_cache_retention_interval"
             )
     checkpoints = 0
-    if caching and any(group.mamba_cache_mode == "align" for group in groups):
+    if any(group.mamba_cache_mode == "align" for group in groups):
         # Mamba layers that save the prompt's state inside a chunk (FlashInfer's gated
-        # delta net prefill, Hopper's default) or not (Triton's).
+        # delta net prefill, Hopper's default) or not (Triton's); with caching off too,
+        # where vLLM's scheduler still reserves and splits for them.
         checkpoints = draw(st.sampled_from((1, 0)), label="mamba_prefill_checkpoint_blocks")
     need = full_request_blocks(max_model_len, block_size, groups)
     pool = _one_of(draw, bounds.pools, "pool")

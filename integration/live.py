@@ -637,6 +637,11 @@ class LiveScheduler:
     def max_num_scheduled_tokens(self) -> int:
         return int(self.scheduler.max_num_scheduled_tokens)
 
+    @property
+    def num_free_blocks(self) -> int:
+        """The pool's free blocks (``BlockPool.get_num_free_blocks``)."""
+        return int(self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+
     # -- events --------------------------------------------------------------------------
     def handle(self, event: Event) -> StepRecord | None:
         if isinstance(event, ScheduleStep):

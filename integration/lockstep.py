@@ -2,10 +2,10 @@
 
 ``Lockstep`` is the pair behind the event interface: every event goes to both, in the
 same order, and after each ``ScheduleStep`` their ``StepRecord.decision()`` must be
-equal. The comparison is exact: ``decision()`` already sorts ``preempted`` and
-``finished`` (sets in vLLM, whose iteration order means nothing) and compares
-``num_scheduled_tokens``/``scheduled_spec_tokens`` as dicts (order inside a step is not
-part of the decision). Nothing else is normalised.
+equal, and so must their KV pools' free blocks. The comparison is exact: ``decision()``
+already sorts ``preempted`` and ``finished`` (sets in vLLM, whose iteration order means
+nothing) and compares ``num_scheduled_tokens``/``scheduled_spec_tokens`` as dicts (order
+inside a step is not part of the decision). Nothing else is normalised.
 
 The events come from the reference's one driver (``reference.driver.EventDriver``):
 either the caller's draws step by step (``run_step(accept, propose)``, the fuzz) or a
@@ -92,7 +92,8 @@ class KernelCounters:
 @dataclass
 class Divergence:
     kind: str
-    """``decision``, ``validation`` (one side refuses the config) or ``crash``."""
+    """``decision``, ``free_blocks`` (the pools' free blocks after the step differ),
+    ``validation`` (one side refuses the config) or ``crash``."""
     step: int
     reference: Any
     live: Any
@@ -414,6 +415,15 @@ class Lockstep(LiveRun):
             self.violations = list(self.reference.violations)
         if record.decision() != live.decision():
             self._diverge("decision", record.decision(), live.decision(), record.step)
+        # The KV manager's state, not only its verdicts: a block held or freed a step
+        # early moves no decision until the pool runs short, maybe never in a short run.
+        if self.reference.state.free_blocks != self.live.num_free_blocks:
+            self._diverge(
+                "free_blocks",
+                self.reference.state.free_blocks,
+                self.live.num_free_blocks,
+                record.step,
+            )
         self._count(record, before, input_bound, refunds)
         self.coverage.update(self.reference.observed)
         return record

@@ -8,6 +8,8 @@ is refused by name.
 
 from __future__ import annotations
 
+import math
+
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
@@ -75,11 +77,16 @@ def check_hybrid_layout(config: EngineConfig) -> None:
     if config.enable_prefix_caching:
         check_hybrid_caching_layout(config)
     elif config.mamba_prefill_checkpoint_blocks:
-        # The caching-off managers count a table of flags, no reserved checkpoint place.
-        raise ConfigError(
-            "mamba_prefill_checkpoint_blocks",
-            "Mamba prefill checkpoint blocks with prefix caching off are not modelled",
-        )
+        scheduler_block_size = math.lcm(*(group.block_size for group in config.groups))
+        if scheduler_block_size != config.block_size:
+            # Without caching vLLM hashes at the scheduler block size, where the Mamba
+            # layers' checkpoint then falls; the reference's is on the Mamba block.
+            raise ConfigError(
+                "mamba_prefill_checkpoint_blocks",
+                "Mamba prefill checkpoint blocks with prefix caching off and kv_groups whose"
+                f" block sizes' LCM ({scheduler_block_size}) is not the Mamba block"
+                f" ({config.block_size}) are not modelled",
+            )
     for index, group in enumerate(config.groups):
         if group.mamba_cache_mode == "align" and group.block_size != config.block_size:
             # vLLM aligns chunks on cache_config.block_size, the Mamba block in align mode.
@@ -161,10 +168,10 @@ def hybrid_caching_manager(
         # is off where num_hash_lookahead_tokens is on).
         rule.drop_last_block,
         manager.checkpoint_blocks,
+        manager.retention_interval,
         hashing,
         drop_groups,
         tuple(order),
-        retention_interval=config.prefix_cache_retention_interval,
         retains_block_below_junction=release.retains_block_below_junction,
         rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
     )

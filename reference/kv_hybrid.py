@@ -11,7 +11,8 @@ fits, as vLLM's ``remove_skipped_blocks`` runs before ``get_num_blocks_to_alloca
 A request's table in each group is a ``GroupBlocks`` (``state.py``): real and null
 blocks by place, as vLLM's ``req_to_blocks``. A Mamba group in ``align`` mode also splits
 prefill chunks on its block boundaries (``block_aligned_split``, which the scheduler
-calls between a grant and its charge).
+calls between a grant and its charge), and with prefill checkpoint blocks reserves the
+place of the state its layers save inside a chunk (``_reserve_checkpoint``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dualbudget.spec.config import EngineConfig
 
 from .events import AddRequest
 from .kv import NO_HIT, KVCacheManager, cdiv
-from .kv_single_type import FullAttentionManager, single_type_manager
+from .kv_single_type import FullAttentionManager, MambaAlignManager, T, single_type_manager
 from .state import GroupBlocks, RequestState, SchedulerState
 from .violations import UnmirroredVllmCrash
 
@@ -49,6 +50,10 @@ class HybridKVCacheManager(KVCacheManager):
     checkpoint_blocks: bool = False
     """``mamba_has_prefill_checkpoint_blocks``: the Mamba layers save the prompt's
     reusable state inside a chunk (their alignment the Mamba block)."""
+    retention_interval: int | None = None
+    """``KVCacheConfig.prefix_cache_retention_interval``: at 0 only the chunk that ends
+    the prefill reserves a checkpoint (``_prefill_end``); with caching it also says which
+    full blocks a sliding-window group caches."""
 
     enable_caching: ClassVar[bool] = False
 
@@ -111,8 +116,11 @@ class HybridKVCacheManager(KVCacheManager):
         if processed >= request.kv_skip_horizon:
             self.remove_skipped_blocks(state, request, processed)
         pairs = list(zip(self.groups, request.kv_groups, strict=True))
+        prefill_end = self._prefill_end(request)
         wanted = sum(
-            group.num_blocks_to_allocate(blocks, need_slot, main, total_computed, False)
+            self._group_blocks_to_allocate(
+                group, blocks, need_slot, main, total_computed, False, prefill_end
+            )
             for group, blocks in pairs
         )
         if wanted > state.free_blocks:
@@ -137,11 +145,81 @@ class HybridKVCacheManager(KVCacheManager):
         sequence, a recycling group's capped at its admission bound, summed."""
         total_computed = min(request.num_computed_tokens, self.max_model_len)
         full = min(request.num_tokens, self.max_model_len)
+        prefill_end = self._prefill_end(request)
         wanted = sum(
-            group.num_blocks_to_allocate(blocks, full, full, total_computed, True)
+            self._group_blocks_to_allocate(
+                group, blocks, full, full, total_computed, True, prefill_end
+            )
             for group, blocks in zip(self.groups, request.kv_groups, strict=True)
         )
         return wanted <= state.free_blocks
+
+    def _group_blocks_to_allocate(
+        self,
+        group: FullAttentionManager,
+        blocks: GroupBlocks,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        total_computed_tokens: int,
+        admission: bool,
+        prefill_end: int,
+    ) -> int:
+        """A group's ``get_num_blocks_to_allocate``, a Mamba ``align`` group's with the
+        prefill checkpoint it reserves (``_reserve_checkpoint``)."""
+        checkpoint = isinstance(group, MambaAlignManager) and self._reserve_checkpoint(
+            group,
+            blocks,
+            blocks.table,
+            total_computed_tokens,
+            num_tokens_main_model,
+            prefill_end,
+            admission,
+        )
+        return group.num_blocks_to_allocate(
+            blocks, num_tokens, num_tokens_main_model, total_computed_tokens, admission, checkpoint
+        )
+
+    def _reserve_checkpoint(
+        self,
+        group: MambaAlignManager,
+        blocks: GroupBlocks,
+        table: list[T],
+        query_start: int,
+        query_end: int,
+        prefill_end: int,
+        admission: bool,
+    ) -> bool:
+        """``MambaManager``'s prefill checkpoint (``_needs_internal_checkpoint``): a chunk
+        ending the prefill (from ``prefill_end``, 0 but at retention 0: every chunk) that
+        can save the state at the last reusable boundary below its end, into a place of
+        ``table`` just before the running state's that holds no block yet (or a
+        speculative one); recorded for this step's allocation (and, with caching, its
+        key) unless ``admission`` only counts."""
+        position, place = 0, -1
+        if self.checkpoint_blocks:
+            position = self._checkpoint_position(query_end)
+            place = cdiv(query_end, group.block_size) - 2
+            if not (
+                query_end >= prefill_end
+                and self.internal_checkpoint(query_start, query_end, position)
+                and place >= 0
+                and (
+                    place >= len(table)
+                    or not table[place]
+                    or (blocks.allocated and place >= len(table) - group.num_speculative_blocks)
+                )
+            ):
+                position, place = 0, -1
+        if not admission:
+            blocks.checkpoint_position, blocks.checkpoint_place = position, place
+        return position > 0
+
+    def _prefill_end(self, request: RequestState) -> int:
+        """The coordinator's ``prefill_end``: where the prefill ends at retention 0, where
+        only the chunk reaching it keeps a checkpoint; 0 otherwise (every chunk)."""
+        if self.retention_interval != 0:
+            return 0
+        return max(request.prompt_len, request.num_tokens - 1)
 
     def free(self, state: SchedulerState, request: RequestState) -> None:
         """``free``: every group's real blocks go back to the pool."""
@@ -253,4 +331,5 @@ def hybrid_manager(
         max_prefill_tokens,
         drop_eagle_block,
         align and config.mamba_prefill_checkpoint_blocks > 0,
+        config.prefix_cache_retention_interval,
     )

@@ -92,9 +92,6 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     pending_cuts: dict[str, int] = field(default_factory=dict)
     """Tokens the other groups cut off a request's longest single-group hit, from its
     last lookup, counted as ``hybrid_hit_cut`` once the request is admitted."""
-    retention_interval: int | None = None
-    """``KVCacheConfig.prefix_cache_retention_interval``: which full blocks a
-    sliding-window group caches (``retained``)."""
     retains_block_below_junction: bool = False
     """The release's ``retains_block_below_junction``."""
     junctions: dict[str, int] = field(default_factory=dict)
@@ -300,7 +297,13 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         takes off the free queue."""
         if isinstance(group, MambaAlignManager):
             checkpoint = self._reserve_checkpoint(
-                group, blocks, total_computed_tokens, num_tokens_main_model, prefill_end, admission
+                group,
+                blocks,
+                blocks.block_ids,
+                total_computed_tokens,
+                num_tokens_main_model,
+                prefill_end,
+                admission,
             )
             # Plus the hit blocks a touch takes off the free queue.
             num_new = group.num_new_states(
@@ -318,47 +321,6 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         num_new = max(required - max(skipped, len(hit) + held), 0)
         touched = hit[max(0, skipped - held) :]
         return num_new + sum(1 for block in touched if block and pool.ref_cnt[block] == 0)
-
-    def _reserve_checkpoint(
-        self,
-        group: MambaAlignManager,
-        blocks: GroupBlocks,
-        query_start: int,
-        query_end: int,
-        prefill_end: int,
-        admission: bool,
-    ) -> bool:
-        """``MambaManager``'s prefill checkpoint (``_needs_internal_checkpoint``): a chunk
-        ending the prefill (from ``prefill_end``, 0 but at retention 0: every chunk) that
-        can save the state at the last reusable boundary below its end, into a place
-        just before the running state's that holds no block yet (or a speculative one);
-        recorded for this step's caching unless ``admission`` only counts."""
-        position, place = 0, -1
-        if self.checkpoint_blocks:
-            position = self._checkpoint_position(query_end)
-            place = cdiv(query_end, group.block_size) - 2
-            ids = blocks.block_ids
-            if not (
-                query_end >= prefill_end
-                and self.internal_checkpoint(query_start, query_end, position)
-                and place >= 0
-                and (
-                    place >= len(ids)
-                    or not ids[place]
-                    or (blocks.allocated and place >= len(ids) - group.num_speculative_blocks)
-                )
-            ):
-                position, place = 0, -1
-        if not admission:
-            blocks.checkpoint_position, blocks.checkpoint_place = position, place
-        return position > 0
-
-    def _prefill_end(self, request: RequestState) -> int:
-        """The coordinator's ``prefill_end``: where the prefill ends at retention 0, where
-        only the chunk reaching it keeps a checkpoint; 0 otherwise (every chunk)."""
-        if self.retention_interval != 0:
-            return 0
-        return max(request.prompt_len, request.num_tokens - 1)
 
     def _hit_state_pending(self, state: SchedulerState, hits: list[tuple[int, ...]]) -> bool:
         """Whether a Mamba group's hit ends on a state block cached in this very step:

@@ -84,10 +84,12 @@ class FullAttentionManager:
         num_tokens_main_model: int,
         total_computed_tokens: int,
         admission: bool,
+        checkpoint: bool = False,
     ) -> int:
         """``get_num_blocks_to_allocate`` for ``num_tokens`` slots: the blocks past the
         table or, where attention skips further, past the skipped blocks (``admission``:
-        the recycling kinds' cap applies)."""
+        the recycling kinds' cap applies). Only a Mamba ``align`` group reserves a prefill
+        ``checkpoint``."""
         required = cdiv(self.num_tokens(num_tokens), self.block_size)
         cap = self.admission_cap
         if admission and cap is not None and cap < required:
@@ -161,8 +163,10 @@ class MambaAlignManager(MambaManager):
     written where a chunk ends (the scheduler splits chunks there), the table padded
     with null blocks up to the running state's block; lookahead slots are not counted,
     and a request takes at most one block a step (plus its speculative blocks at
-    first). Prefill checkpoint blocks (``mamba_prefill_checkpoint_blocks``) are modelled
-    by the coordinator with caching only (a ``checkpoint`` place here).
+    first). Whether a step reserves a prefill checkpoint's place
+    (``mamba_prefill_checkpoint_blocks``) is the coordinator's to say
+    (``_reserve_checkpoint``): a ``checkpoint`` here, ``GroupBlocks.checkpoint_position``
+    in ``allocate_new_blocks``.
 
     Its rules act on any block table whose null places are falsy: ``GroupBlocks.table``
     here, the pool's block ids (``GroupBlocks.block_ids``) in the coordinator with
@@ -263,13 +267,17 @@ class MambaAlignManager(MambaManager):
         num_tokens_main_model: int,
         total_computed_tokens: int,
         admission: bool,
+        checkpoint: bool = False,
     ) -> int:
-        return self.num_new_states(blocks, len(blocks.table), num_tokens_main_model)
+        return self.num_new_states(blocks, len(blocks.table), num_tokens_main_model, checkpoint)
 
     def allocate_new_blocks(
         self, blocks: GroupBlocks, num_tokens: int, num_tokens_main_model: int
     ) -> int:
-        num_new, _ = self.place_states(blocks, blocks.table, False, num_tokens_main_model)
+        checkpoint = blocks.checkpoint_position > 0
+        num_new, _ = self.place_states(
+            blocks, blocks.table, False, num_tokens_main_model, checkpoint
+        )
         blocks.table += [True] * num_new
         return num_new
 

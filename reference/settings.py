@@ -214,7 +214,8 @@ SETTINGS: tuple[Setting, ...] = (
         0, True, 0,
         "a Mamba group in align mode saves the prompt's reusable state inside a prefill"
         " chunk, in a block it reserves, instead of the scheduler ending the chunk there"
-        " (modelled with prefix caching on, the checkpoint aligned on the Mamba block)",
+        " (modelled with prefix caching on or off, the checkpoint aligned on the Mamba"
+        " block)",
         recorded_since=3, optional=True,
     ),
     Setting(

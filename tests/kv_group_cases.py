@@ -213,6 +213,61 @@ def mamba_state_hit(release: str, decisions: dict[int, Decision], free: dict[int
     )
 
 
+def mamba_checkpoint_in_chunk(caching: bool) -> Case:
+    """Mamba in align mode with a prefill checkpoint block beside full attention, blocks
+    of 8, a 12-token budget, 15 blocks lent. Step 0: r0's first 12 of 20 tokens end off a
+    block and short of the prefill: the chunk is aligned back to 8; a Mamba state block
+    and a full block (13). Step 1: the last 12 tokens end the prefill, start on a block
+    and cross the last reusable state, 16, a block in: the Mamba layers save it inside
+    the chunk, so the chunk is not cut there. Mamba reserves the checkpoint's place (1)
+    beside the running state's (2): 2 blocks, full attention 2 (9); with ``caching`` the
+    checkpoint block is keyed at 16. Step 2: 20 processed tokens retire Mamba's places 1
+    and 0 (11); the 21st token fits. Prefix caching on or off, vLLM's scheduler reserves
+    and splits alike."""
+    return Case(
+        "a Mamba prefill checkpoint saves the state inside the chunk"
+        + ("" if caching else " without prefix caching"),
+        config(
+            16,
+            MAMBA_ALIGN,
+            FULL_8,
+            block_size=8,
+            max_num_batched_tokens=12,
+            enable_prefix_caching=caching,
+            mamba_prefill_checkpoint_blocks=1,
+        ),
+        (add("r0", tuple(range(20)), 4), STEP, sample(), STEP, sample_ids(r0=(100,)), STEP),
+        {0: ({"r0": 8}, {}, []), 1: ({"r0": 12}, {}, []), 2: ({"r0": 1}, {}, [])},
+        {0: 13, 1: 9, 2: 11},
+        {"mamba_aligned_split": 1},
+    )
+
+
+def mamba_checkpoint_retention(retention: int | None, free: int) -> Case:
+    """Mamba in align mode with a prefill checkpoint block beside full attention, caching
+    off, blocks of 8, a 16-token budget, 15 blocks lent. Step 0: r0's first 16 of 24
+    tokens, on a block boundary. The chunk does not end the prefill; at retention None
+    (dense: every chunk may checkpoint) Mamba still reserves one at 8, in place 0 beside
+    the running state's (2 blocks; full attention 2: 11 free); at 0 only the chunk that
+    reaches the prefill's end does, so Mamba takes one block, a null place before it
+    (12)."""
+    return Case(
+        f"a Mamba prefill checkpoint off the prefill's end (retention {retention})",
+        config(
+            16,
+            MAMBA_ALIGN,
+            FULL_8,
+            block_size=8,
+            max_num_batched_tokens=16,
+            prefix_cache_retention_interval=retention,
+            mamba_prefill_checkpoint_blocks=1,
+        ),
+        (AddRequest("r0", 24, 4), STEP),
+        {0: ({"r0": 16}, {}, [])},
+        {0: free},
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case(
         # Window 4. Step 0: r0's 8 tokens take 2 blocks in each group (15 -> 11).
@@ -279,6 +334,9 @@ CASES: tuple[Case, ...] = (
         {0: 12, 1: 10, 2: 11},
         {"mamba_aligned_split": 1},
     ),
+    mamba_checkpoint_in_chunk(caching=False),
+    mamba_checkpoint_retention(None, 11),
+    mamba_checkpoint_retention(0, 12),
     Case(
         # As above with DFlash (K = 2: two speculative Mamba blocks). 0.32's
         # use_eagle_block_drop holds for DFlash: the drafter's last block is dropped,
@@ -426,31 +484,7 @@ CASES: tuple[Case, ...] = (
     retention_follow_up(0),
     retention_eagle(None),
     retention_eagle(0),
-    Case(
-        # Mamba in align mode with a prefill checkpoint block, caching on, blocks of 8,
-        # 12-token budget, 15 blocks lent. Step 0: r0's first 12 of 20 tokens end off a
-        # block and short of the prefill: the chunk is aligned back to 8; a Mamba state
-        # block and a full block (13). Step 1: the last 12 tokens end the prefill, start
-        # on a block and cross the last reusable state, 16, a block in: the Mamba layers
-        # save it inside the chunk, so the chunk is not cut there. Mamba reserves the
-        # checkpoint's place (1) beside the running state's (2): 2 blocks, full
-        # attention 2 (9); the checkpoint block is keyed at 16. Step 2: 20 processed
-        # tokens retire Mamba's places 1 and 0 (11); the 21st token fits.
-        "a Mamba prefill checkpoint saves the state inside the chunk",
-        config(
-            16,
-            MAMBA_ALIGN,
-            FULL_8,
-            block_size=8,
-            max_num_batched_tokens=12,
-            enable_prefix_caching=True,
-            mamba_prefill_checkpoint_blocks=1,
-        ),
-        (add("r0", tuple(range(20)), 4), STEP, sample(), STEP, sample_ids(r0=(100,)), STEP),
-        {0: ({"r0": 8}, {}, []), 1: ({"r0": 12}, {}, []), 2: ({"r0": 1}, {}, [])},
-        {0: 13, 1: 9, 2: 11},
-        {"mamba_aligned_split": 1},
-    ),
+    mamba_checkpoint_in_chunk(caching=True),
     mamba_state_hit(
         # 0.33: r0's step-1 chunk ends past the state, already keyed: r1's hit no longer
         # waits. r1 (21 tokens, 5 left after the hit) touches block 1, held by r0 (no

@@ -58,8 +58,7 @@ def _within(config: EngineConfig, bounds: ConfigBounds, profile: str, layout: st
     else:
         assert config.prefix_cache_retention_interval is None
     aligned = any(group.mamba_cache_mode == "align" for group in config.groups)
-    caching = config.enable_prefix_caching
-    assert config.mamba_prefill_checkpoint_blocks in ((0, 1) if aligned and caching else (0,))
+    assert config.mamba_prefill_checkpoint_blocks in ((0, 1) if aligned else (0,))
     need = full_request_blocks(config.max_model_len, config.block_size, config.kv_groups)
     if bounds.kv_layouts:
         drawn = [tuple(shape.at(config.block_size) for shape in kv) for kv in bounds.kv_layouts]

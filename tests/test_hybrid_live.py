@@ -15,9 +15,10 @@ import pytest
 
 from dualbudget.integration.aims import AIMS
 from dualbudget.integration.live import installed_vllm_version
-from dualbudget.integration.lockstep import Divergence, Lockstep, MirroredCrash
+from dualbudget.integration.lockstep import Divergence, DivergenceFound, Lockstep, MirroredCrash
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
+from dualbudget.reference.kv_hybrid import HybridKVCacheManager
 from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv_single_type import SlidingWindowManager
 from dualbudget.reference.scenario import Scenario, load_scenario
@@ -92,6 +93,41 @@ def test_vllm_fails_its_assertion_on_a_checkpoint_past_a_padded_prompt(profile: 
     ):
         for event in events:
             lock.handle(event)
+
+
+def _no_checkpoint_without_caching(
+    original: Callable[..., bool],
+) -> Callable[..., bool]:
+    """``_reserve_checkpoint`` as if the coordinator without caching never reserved one
+    (the split still leaves the chunk whole)."""
+
+    def reserve(self: HybridKVCacheManager, *args: object) -> bool:
+        return original(self, *args) if self.enable_caching else False
+
+    return reserve
+
+
+def test_a_block_the_reference_does_not_take_is_a_free_blocks_divergence(
+    profile: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lockstep compares the pools too: with the checkpoint's place left out of the
+    reference's allocation, step 1 of the hand-worked checkpoint case without caching
+    schedules the same 12 tokens on both sides, but the reference keeps one block more
+    free than vLLM (10, vLLM 9)."""
+    case = next(c for c in kv_group_cases.CASES if c.name.endswith("without prefix caching"))
+    monkeypatch.setattr(
+        HybridKVCacheManager,
+        "_reserve_checkpoint",
+        _no_checkpoint_without_caching(HybridKVCacheManager._reserve_checkpoint),
+    )
+    lock = Lockstep(case.config, profile)
+    with pytest.raises(DivergenceFound) as found:
+        for event in case.events:
+            lock.handle(event)
+    divergence = found.value.divergence
+    assert (divergence.kind, divergence.step) == ("free_blocks", 1)
+    assert (divergence.reference, divergence.live) == (10, 9)
+    assert lock.last_live is not None and lock.last_live.num_scheduled_tokens == {"r0": 12}
 
 
 FAMILIES: dict[str, tuple[KVGroup, ...]] = {
@@ -333,3 +369,24 @@ def test_a_planted_dense_retention_is_found_by_the_fuzz(
     # (seed 2 does not under 0.33).
     found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
     assert found.config.prefix_cache_retention_interval == 0
+
+
+def test_a_planted_missing_checkpoint_block_is_found_by_the_fuzz(
+    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference's coordinator without caching reserving no Mamba prefill checkpoint
+    block (a block fewer than vLLM takes, no decision changed that step) is found, by the
+    pools' free blocks."""
+
+    def plant() -> None:
+        monkeypatch.setattr(
+            HybridKVCacheManager,
+            "_reserve_checkpoint",
+            _no_checkpoint_without_caching(HybridKVCacheManager._reserve_checkpoint),
+        )
+
+    # Seed 1: its 20 examples draw Mamba align with checkpoint blocks and caching off in
+    # both releases (seeds 2 and 4 do not).
+    found = _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
+    assert not found.config.enable_prefix_caching
+    assert found.config.mamba_prefill_checkpoint_blocks == 1

@@ -198,6 +198,17 @@ def test_mamba_groups_share_one_cache_mode() -> None:
             {"enable_prefix_caching": True, "kv_groups": (SLIDING_WINDOW, FULL, FULL)},
             "kv_groups[2].kind",
         ),
+        (
+            {
+                "block_size": 8,
+                "mamba_prefill_checkpoint_blocks": 1,
+                "kv_groups": (
+                    KVGroup("mamba", 8, mamba_cache_mode="align"),
+                    KVGroup("full_attention", 16),
+                ),
+            },
+            "mamba_prefill_checkpoint_blocks",
+        ),
     ],
 )
 def test_what_the_coordinator_does_not_model_is_refused(
