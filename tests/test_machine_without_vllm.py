@@ -35,6 +35,10 @@ class ReferenceAsLive:
     def handle(self, event: Event) -> StepRecord | None:
         return self.scheduler.handle(event)
 
+    @property
+    def num_free_blocks(self) -> int:
+        return self.scheduler.state.free_blocks
+
 
 def _run(aim: str, examples: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(lockstep, "LiveScheduler", ReferenceAsLive)
