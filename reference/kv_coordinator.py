@@ -8,8 +8,6 @@ is refused by name.
 
 from __future__ import annotations
 
-import math
-
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
@@ -77,7 +75,7 @@ def check_hybrid_layout(config: EngineConfig) -> None:
     if config.enable_prefix_caching:
         check_hybrid_caching_layout(config)
     elif config.mamba_prefill_checkpoint_blocks:
-        scheduler_block_size = math.lcm(*(group.block_size for group in config.groups))
+        scheduler_block_size = config.scheduler_block_size
         if scheduler_block_size != config.block_size:
             # Without caching vLLM hashes at the scheduler block size, where the Mamba
             # layers' checkpoint then falls; the reference's is on the Mamba block.

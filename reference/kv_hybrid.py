@@ -190,8 +190,8 @@ class HybridKVCacheManager(KVCacheManager):
         admission: bool,
     ) -> bool:
         """``MambaManager``'s prefill checkpoint (``_needs_internal_checkpoint``): a chunk
-        ending the prefill (from ``prefill_end``, 0 but at retention 0: every chunk) that
-        can save the state at the last reusable boundary below its end, into a place of
+        that reaches ``prefill_end`` (any chunk where it is 0, as it is but at retention 0)
+        and can save the state at the last reusable boundary below its end, into a place of
         ``table`` just before the running state's that holds no block yet (or a
         speculative one); recorded for this step's allocation (and, with caching, its
         key) unless ``admission`` only counts."""

@@ -144,6 +144,13 @@ class EngineConfig:
         return self.kv_groups or (KVGroup("full_attention", self.block_size),)
 
     @property
+    def scheduler_block_size(self) -> int:
+        """vLLM's scheduler block size (``resolve_kv_cache_block_sizes``): the LCM of the
+        groups' block sizes, where prefix-cache hits land and, with caching off, the
+        block size vLLM hashes at."""
+        return math.lcm(*(group.block_size for group in self.groups))
+
+    @property
     def num_speculative_tokens(self) -> int:
         """``K``; 0 without speculative decoding."""
         spec = self.speculative_config
@@ -279,7 +286,7 @@ def check_retention_interval(config: EngineConfig) -> None:
                 name, f"is {value}, but no kv_group is sliding-window or Mamba: set it to 0"
             )
         return
-    step = math.lcm(*(group.block_size for group in config.groups))
+    step = config.scheduler_block_size
     if value < 0 or value % step != 0:
         raise ConfigError(
             name, f"({value}) must be >= 0 and a multiple of the scheduler block size ({step})"
