@@ -578,6 +578,26 @@ AIMS: dict[str, Aim] = {
                     GroupShape("chunked_local_attention", chunk_blocks=2),
                     GroupShape("full_attention", is_eagle_group=True),
                 ),
+                # Several groups of one spec, as vLLM splits a model's layers into groups
+                # of equal size (Qwen3-Next: three Mamba groups per full-attention one;
+                # Llama 4: three chunked-local ones; DeepSeek V3.2: MLA and its indexer),
+                # looked up together.
+                (
+                    GroupShape("mamba", mamba_cache_mode="align"),
+                    GroupShape("mamba", mamba_cache_mode="align"),
+                    GroupShape("full_attention"),
+                ),
+                (
+                    GroupShape("chunked_local_attention", chunk_blocks=2),
+                    GroupShape("chunked_local_attention", chunk_blocks=2),
+                    GroupShape("full_attention", is_eagle_group=True),
+                ),
+                (
+                    GroupShape("sliding_window", window_blocks=1),
+                    GroupShape("sliding_window", window_blocks=1),
+                    GroupShape("full_attention", is_eagle_group=True),
+                ),
+                (GroupShape("mla_attention"), GroupShape("mla_attention", is_eagle_group=True)),
             ),
             layout_caching=True,
         ),

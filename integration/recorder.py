@@ -46,6 +46,7 @@ from dualbudget.reference.settings import (
     KV_SPEC_KINDS,
     REQUEST_SETTINGS,
     SETTINGS_IN_CONFIG,
+    SPEC_OF_ITS_OWN,
     Json,
 )
 from dualbudget.reference.trace import TraceHeader, TraceWriter
@@ -111,26 +112,48 @@ def kv_groups_of(vllm_config: Any, kv_cache_config: Any) -> tuple[KVGroup, ...]:
         groups[0].kv_cache_spec.block_size == vllm_config.cache_config.block_size
     ):
         return ()
-    kv_groups = []
-    for group, name in zip(groups, names, strict=True):
+    return tuple(
+        _kv_group_of(vllm_config, group, name)
+        for group, name in zip(groups, names, strict=True)
+        if name in KV_SPEC_KINDS
+    )
+
+
+def _kv_group_of(vllm_config: Any, group: Any, name: str) -> KVGroup:
+    """The ``KVGroup`` of one of vLLM's ``KVCacheGroupSpec``s of a modelled class."""
+    spec = group.kv_cache_spec
+    kind = KV_SPEC_KINDS[name]
+    return KVGroup(
+        kind=kind,
+        block_size=int(spec.block_size),
+        sliding_window=getattr(spec, "sliding_window", None),
+        attention_chunk_size=getattr(spec, "attention_chunk_size", None),
+        mamba_cache_mode=str(vllm_config.cache_config.mamba_cache_mode)
+        if kind == "mamba"
+        else "none",
+        is_eagle_group=bool(getattr(group, "is_eagle_group", False)),
+        is_draft=bool(getattr(spec, "is_draft", False)),
+    )
+
+
+def kv_cache_group_names(vllm_config: Any, kv_cache_config: Any) -> list[str]:
+    """``kv_cache_groups``: the spec class of each KV cache group. vLLM looks the groups of
+    one spec up together; the reference tells specs apart by the fields ``KVGroup``
+    holds, so a group whose spec differs from an earlier group's only in others
+    (DeepSeek V3.2's indexer beside its MLA group: the head size) is named with
+    ``SPEC_OF_ITS_OWN``, a class replay refuses."""
+    groups = kv_cache_config.kv_cache_groups
+    names = [type(group.kv_cache_spec).__name__ for group in groups]
+    seen: list[tuple[KVGroup, Any]] = []
+    for index, (group, name) in enumerate(zip(groups, names, strict=True)):
         if name not in KV_SPEC_KINDS:
             continue
+        modelled = dataclasses.replace(_kv_group_of(vllm_config, group, name), is_eagle_group=False)
         spec = group.kv_cache_spec
-        kind = KV_SPEC_KINDS[name]
-        kv_groups.append(
-            KVGroup(
-                kind=kind,
-                block_size=int(spec.block_size),
-                sliding_window=getattr(spec, "sliding_window", None),
-                attention_chunk_size=getattr(spec, "attention_chunk_size", None),
-                mamba_cache_mode=str(vllm_config.cache_config.mamba_cache_mode)
-                if kind == "mamba"
-                else "none",
-                is_eagle_group=bool(getattr(group, "is_eagle_group", False)),
-                is_draft=bool(getattr(spec, "is_draft", False)),
-            )
-        )
-    return tuple(kv_groups)
+        if any(other == modelled and other_spec != spec for other, other_spec in seen):
+            names[index] = name + SPEC_OF_ITS_OWN
+        seen.append((modelled, spec))
+    return names
 
 
 def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
@@ -159,9 +182,7 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
         "disable_lookahead_block_hashes": bool(
             getattr(spec, "disable_lookahead_block_hashes", False)
         ),
-        "kv_cache_groups": [
-            type(group.kv_cache_spec).__name__ for group in kv_cache_config.kv_cache_groups
-        ],
+        "kv_cache_groups": kv_cache_group_names(vllm_config, kv_cache_config),
         # The scheduler's KV managers read the KVCacheConfig's copy, which vLLM's engine
         # sets from cache_config (default 0, sparse); a scheduler built on its own
         # KVCacheConfig runs that one's (None, dense).

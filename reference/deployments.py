@@ -31,6 +31,7 @@ from .async_scheduler import make_scheduler
 from .settings import (
     KV_SPEC_KINDS,
     SETTINGS_IN_CONFIG,
+    SPEC_OF_ITS_OWN,
     Json,
     assumed_settings,
     engine_defaults,
@@ -114,6 +115,11 @@ def _group(kind: str, block_size: int = 16, **fields: object) -> tuple[str, KVGr
 
 
 _FULL = _group("full_attention")
+# vLLM splits a model's layers into KV groups of equal size: three linear-attention
+# (Mamba) layers per full-attention one make three Mamba groups, looked up together.
+_QWEN3_NEXT_MAMBA = (_group("mamba", 16, mamba_cache_mode="align"),) * 3
+# The indexer's spec is MLA's but for its head size, which a trace does not hold.
+_INDEXER = ("MLAAttentionSpec" + SPEC_OF_ITS_OWN, KVGroup("mla_attention", 64))
 
 DEPLOYMENTS: tuple[Deployment, ...] = (
     Deployment(
@@ -130,19 +136,20 @@ DEPLOYMENTS: tuple[Deployment, ...] = (
         {"decode_context_parallel_size": 8},
     ),
     Deployment(
-        "Qwen3-Next + MTP on Hopper (FlashInfer prefill)", "mtp", 2,
-        (_group("mamba", 16, mamba_cache_mode="align"), _FULL),
-        {"mamba_prefill_checkpoint_blocks": 1},
+        "DeepSeek V3.2 + MTP", "mtp", 1,
+        (_group("mla_attention", 64), _INDEXER),
     ),
     Deployment(
-        "Qwen3-Next + MTP, Triton prefill", "mtp", 2,
-        (_group("mamba", 16, mamba_cache_mode="align"), _FULL),
+        "Qwen3-Next + MTP on Hopper (FlashInfer prefill)", "mtp", 2,
+        (*_QWEN3_NEXT_MAMBA, _FULL),
+        {"mamba_prefill_checkpoint_blocks": 1},
     ),
+    Deployment("Qwen3-Next + MTP, Triton prefill", "mtp", 2, (*_QWEN3_NEXT_MAMBA, _FULL)),
     Deployment("Qwen3 dense + DFlash (merged drafter spec)", "dflash", 7, (_FULL,)),
     Deployment(
         "Llama 4 + EAGLE3", "eagle3", 3,
         (
-            _group("chunked_local_attention", attention_chunk_size=8192),
+            *[_group("chunked_local_attention", attention_chunk_size=8192)] * 3,
             _group("full_attention", is_eagle_group=True),
         ),
     ),

@@ -8,6 +8,8 @@ is refused by name.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
@@ -97,9 +99,8 @@ def check_hybrid_layout(config: EngineConfig) -> None:
 
 def check_hybrid_caching_layout(config: EngineConfig) -> None:
     """Refuse, by name, a layout whose prefix caching the hybrid coordinator does not
-    model: another kind's hit rules (Mamba out of ``align`` mode), groups of several
-    block sizes (finer hashes and scheduler-block alignment), or two groups of one kind
-    (vLLM looks up groups of one spec together)."""
+    model: another kind's hit rules (Mamba out of ``align`` mode), or groups of several
+    block sizes (finer hashes and scheduler-block alignment)."""
     groups = config.groups
     for index, group in enumerate(groups):
         if group.kind not in CACHING_KINDS:
@@ -118,11 +119,6 @@ def check_hybrid_caching_layout(config: EngineConfig) -> None:
                 f"kv_groups[{index}].block_size",
                 "prefix caching with kv_groups of different block sizes is not modelled",
             )
-        if any(other.kind == group.kind for other in groups[:index]):
-            raise ConfigError(
-                f"kv_groups[{index}].kind",
-                f"prefix caching with two {group.kind!r} groups is not modelled",
-            )
 
 
 def hybrid_caching_manager(
@@ -137,7 +133,13 @@ def hybrid_caching_manager(
     if not any(flagged):
         flagged = [rule.drop_last_block] * len(groups)
     drops = rule.drop_last_block or release.eagle_groups_drop_without_use_eagle
-    drop_groups = tuple(drops and flag for flag in flagged)
+    types = lookup_types(groups)
+    # verify_and_split_kv_cache_groups: one drafter's group among a spec's makes every
+    # group of that spec drop (the spec group's use_eagle reaches each of its managers).
+    drop_groups = [False] * len(groups)
+    for group_ids in types:
+        for index in group_ids:
+            drop_groups[index] = drops and any(flagged[other] for other in group_ids)
     for index, group in enumerate(groups):
         if drop_groups[index] and group.kind == "chunked_local_attention":
             # ChunkedLocalAttentionManager.find_longest_cache_hit asserts it never drops.
@@ -146,9 +148,6 @@ def hybrid_caching_manager(
                 "prefix caching with a 'chunked_local_attention' group whose hit drops its"
                 " last block (the drafter's group) is not modelled: vLLM asserts against it",
             )
-    order = sorted(
-        range(len(groups)), key=lambda index: groups[index].kind not in FULL_ATTENTION_KINDS
-    )
     # The hash's block size is the groups' one (vLLM hashes at their GCD).
     block_size = groups[0].block_size
     hashing = PrefixCachingKVCacheManager(
@@ -168,8 +167,24 @@ def hybrid_caching_manager(
         manager.checkpoint_blocks,
         manager.retention_interval,
         hashing,
-        drop_groups,
-        tuple(order),
+        tuple(drop_groups),
+        types,
         retains_block_below_junction=release.retains_block_below_junction,
         rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
+    )
+
+
+def lookup_types(groups: tuple[KVGroup, ...]) -> tuple[tuple[int, ...], ...]:
+    """``verify_and_split_kv_cache_groups``: the groups of one spec (equal in every field
+    but ``is_eagle_group``, which vLLM keeps on the group, not its spec) in the order
+    their first group comes, then full attention first."""
+    types: dict[KVGroup, list[int]] = {}
+    for index, group in enumerate(groups):
+        types.setdefault(dataclasses.replace(group, is_eagle_group=False), []).append(index)
+    return tuple(
+        tuple(group_ids)
+        for group_ids in sorted(
+            types.values(),
+            key=lambda group_ids: groups[group_ids[0]].kind not in FULL_ATTENTION_KINDS,
+        )
     )

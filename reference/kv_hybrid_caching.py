@@ -40,8 +40,11 @@ A Mamba group (``align`` mode, ``MambaManager``) keeps one state per block bound
 
 What stays out is refused by ``kv_coordinator`` before a manager is built: Mamba out of
 ``align`` mode, a chunked-local group whose hit would drop its last block (vLLM asserts
-against it), groups of different block sizes (so no partial hash hits, whose copy-on-write
-tail this does not model) and two groups of one kind. The live adapter builds Mamba specs
+against it) and groups of different block sizes (so no partial hash hits, whose copy-on-write
+tail this does not model). Groups of one spec (vLLM splits a model's layers into groups of
+equal size: several Mamba or chunked-local groups beside one full-attention group) are
+looked up together, as vLLM's coordinator does: a place is hit only where each of them
+has its block cached. The live adapter builds Mamba specs
 with prefill checkpoint blocks where the config has them (``mamba_prefill_checkpoint_blocks``):
 the chunk ending the prefill then saves the prompt's reusable state inside it, in a place
 the group reserves just before the running state's, keyed there (``_cache_checkpoint``).
@@ -87,8 +90,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     drop_groups: tuple[bool, ...] = ()
     """Per group, whether its hit drops the last block (the coordinator's
     ``drop_eagle_group_ids`` in 0.33, ``eagle_group_ids`` in 0.32)."""
-    lookup_order: tuple[int, ...] = ()
-    """The groups in ``verify_and_split_kv_cache_groups``' order: full attention first."""
+    lookup_types: tuple[tuple[int, ...], ...] = ()
+    """The coordinator's ``attention_groups``: the groups of one spec, looked up together
+    (a block is hit only where every one of them has it cached), in
+    ``verify_and_split_kv_cache_groups``' order, full attention first."""
     pending_cuts: dict[str, int] = field(default_factory=dict)
     """Tokens the other groups cut off a request's longest single-group hit, from its
     last lookup, counted as ``hybrid_hit_cut`` once the request is admitted."""
@@ -154,35 +159,37 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             # UnitaryKVCacheCoordinator: the group's own search, no margin for the drop;
             # no other group lags it, so no junction.
             self.junctions[request.request_id] = 0
-            found, length = self._find(pool, hashes, 0, hit_length, self.drop_groups[0])
+            (found,), length = self._find(pool, hashes, (0,), hit_length, self.drop_groups[0])
             return (tuple(found), length) if length > 0 else (NO_HIT, 0)
         longest = 0
         blocks_by_group: list[list[int] | None] = [None] * num_groups
-        length_by_group = [0] * num_groups
-        order = self.lookup_order
-        simple = len(order) == 2 and self._is_full(order[0])
+        length_by_type = [0] * len(self.lookup_types)
+        types = self.lookup_types
+        simple = len(types) == 2 and self._is_full(types[0][0])
         eagle_verified: set[int] = set()
         while True:
             current = hit_length
-            for index, group in enumerate(order):
-                if self._is_full(group) and blocks_by_group[group] is not None:
+            for index, group_ids in enumerate(types):
+                first = group_ids[0]
+                if self._is_full(first) and blocks_by_group[first] is not None:
                     # Full attention is downward-closed: its hit only shrinks.
-                    current = min(current, length_by_group[group])
+                    current = min(current, length_by_type[index])
                     continue
-                drop = self.drop_groups[group] and index not in eagle_verified
+                drop = self.drop_groups[first] and index not in eagle_verified
                 max_length = current
-                if drop and not isinstance(self.groups[group], MambaManager):
+                if drop and not isinstance(self.groups[first], MambaManager):
                     # Match one block more, then drop it: back at the candidate length
                     # (a Mamba search never drops, so it gets no margin either).
                     max_length = min(current + block_size, len(hashes) * block_size)
-                found, length = self._find(pool, hashes, group, max_length, drop)
+                found_by_group, length = self._find(pool, hashes, group_ids, max_length, drop)
                 if drop:
                     eagle_verified.add(index)
                 elif length < current:
                     eagle_verified.clear()
                 current = length
-                blocks_by_group[group] = found
-                length_by_group[group] = length
+                for group, found in zip(group_ids, found_by_group, strict=True):
+                    blocks_by_group[group] = found
+                length_by_type[index] = length
                 longest = max(longest, current)
             if current >= hit_length:
                 break
@@ -214,62 +221,77 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         self,
         pool: BlockPool,
         hashes: list[str] | tuple[()],
-        group: int,
+        group_ids: tuple[int, ...],
         max_length: int,
         drop: bool,
-    ) -> tuple[list[int], int]:
-        """The group's own ``find_longest_cache_hit`` (blocks, tokens) within
-        ``max_length`` tokens."""
-        manager, block_size = self.groups[group], self.block_size
+    ) -> tuple[list[list[int]], int]:
+        """The ``find_longest_cache_hit`` of the groups of one spec (their blocks, group by
+        group, and the tokens hit) within ``max_length`` tokens: a place is hit only where
+        every one of them has its block cached (``BlockPool.get_cached_block``)."""
+        manager, block_size = self.groups[group_ids[0]], self.block_size
         max_blocks = max_length // block_size
+
+        def cached(place: int) -> list[int] | None:
+            blocks = []
+            for group in group_ids:
+                block = pool.get_cached_block(group_key(hashes[place], group))
+                if block is None:
+                    return None
+                blocks.append(block)
+            return blocks
+
         if isinstance(manager, MambaManager):
             # From the right: the one state block ending at the hit, the places before it
             # null; no drop, as drafters have no Mamba layers.
-            for index in range(max_blocks - 1, -1, -1):
-                block = pool.get_cached_block(group_key(hashes[index], group))
-                if block is not None:
-                    return [NULL_BLOCK] * index + [block], (index + 1) * block_size
-            return [], 0
+            for place in range(max_blocks - 1, -1, -1):
+                found = cached(place)
+                if found is not None:
+                    return [[NULL_BLOCK] * place + [block] for block in found], (
+                        place + 1
+                    ) * block_size
+            return [[] for _ in group_ids], 0
         if isinstance(manager, SlidingWindowManager):
             # From the right: the window's contiguous blocks (one more where the last
             # is dropped) ending at the hit; those before it are never read.
             need = cdiv(manager.sliding_window - 1, block_size) + (1 if drop else 0)
-            found = [NULL_BLOCK] * max_blocks
+            hits = [[NULL_BLOCK] * max_blocks for _ in group_ids]
             run = 0
-            matched = False
-            for index in range(max_blocks - 1, -1, -1):
-                block = pool.get_cached_block(group_key(hashes[index], group))
-                if block is None:
+            end = None
+            for place in range(max_blocks - 1, -1, -1):
+                found = cached(place)
+                if found is None:
                     run = 0
                     continue
-                found[index] = block
+                for hit, block in zip(hits, found, strict=True):
+                    hit[place] = block
                 run += 1
                 if run >= need:
-                    del found[index + run :]
-                    matched = True
+                    end = place + run
                     break
-            if not matched:
-                del found[run:]
-            if drop and found:
-                found.pop()
-            return found, len(found) * block_size
-        hit: list[int] = []
+            for hit in hits:
+                # A run short of the window counts from the first place on.
+                del hit[run if end is None else end :]
+                if drop and hit:
+                    hit.pop()
+            return hits, len(hits[0]) * block_size
+        skipped = 0
         if isinstance(manager, ChunkedLocalAttentionManager):
             # The whole chunks before the one holding the hit's end are outside the next
             # token's attention: computed, null, whether cached or not.
             assert not drop, "vLLM asserts against a chunked-local hit that drops a block"
             chunk = manager.attention_chunk_size
-            hit = [NULL_BLOCK] * (max(max_length, 0) // chunk * chunk // block_size)
-        for index in range(len(hit), max_blocks):
-            block = pool.get_cached_block(group_key(hashes[index], group))
-            if block is None:
+            skipped = max(max_length, 0) // chunk * chunk // block_size
+        hits = [[NULL_BLOCK] * skipped for _ in group_ids]
+        for place in range(skipped, max_blocks):
+            found = cached(place)
+            if found is None:
                 break
-            hit.append(block)
-        length = len(hit) * block_size
-        if drop and length > 0:
-            length -= block_size
-            hit.pop()
-        return hit, length
+            for hit, block in zip(hits, found, strict=True):
+                hit.append(block)
+        if drop and hits[0]:
+            for hit in hits:
+                hit.pop()
+        return hits, len(hits[0]) * block_size
 
     def _split_hit(self, hit: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The flat hit of ``get_computed_blocks``, per group."""
@@ -695,6 +717,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             and position != self.junction(request)
         ):
             pool.uncache(block)
+            return
+        if block == NULL_BLOCK:
+            # vLLM's cache_partial_block keys nothing on a null place (a padded decode's
+            # checkpoint on a place the group has skipped), before it looks for a hash.
             return
         hashes = request.block_hashes or ()
         if at >= len(hashes):

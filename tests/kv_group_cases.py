@@ -268,6 +268,47 @@ def mamba_checkpoint_retention(retention: int | None, free: int) -> Case:
     )
 
 
+def mamba_checkpoint_on_a_null_place(release: str) -> Case:
+    """Mamba in align mode with a prefill checkpoint block beside full attention, blocks
+    of 2, EAGLE K=3, caching on at retention None (any chunk may checkpoint), 23 blocks
+    lent. Step 0: r0's 3 tokens. Step 1: its token and 3 drafts (4 rows, 3..7), every
+    draft rejected: 4 computed of 5 tokens, and the Mamba group retires the state places
+    below its running one, place 2 among them (null). Step 2: the token and 3 drafts again,
+    4..8, a padded decode crossing 6 a block in: the manager reserves a checkpoint at 6,
+    in place 2, which is null; vLLM's ``cache_partial_block`` keys nothing on a null
+    place and returns before it asks for the hash at 6 tokens, which r0 lacks (it has 2),
+    so the step runs. Step 3 the same. 0.32 starts the Mamba table on the null block, one
+    block fewer than 0.33 at step 0; both hold 12 free from step 2."""
+    return Case(
+        f"a padded decode's checkpoint on a null Mamba place keys nothing ({release})",
+        config(
+            24,
+            KVGroup("mamba", 2, mamba_cache_mode="align"),
+            KVGroup("full_attention", 2),
+            method="eagle",
+            k=3,
+            block_size=2,
+            enable_prefix_caching=True,
+            mamba_prefill_checkpoint_blocks=1,
+        ),
+        (
+            add("r0", (0, 1, 2), 8),
+            STEP,
+            *(
+                event
+                for token in (100, 101, 102)
+                for event in (sample_ids(r0=(token,)), DraftProposals({"r0": 3}), STEP)
+            ),
+        ),
+        {
+            0: ({"r0": 3}, {}, []),
+            **{step: ({"r0": 4}, {"r0": 3}, []) for step in (1, 2, 3)},
+        },
+        {0: 16 if release == "0.32" else 15, 1: 13, 2: 12, 3: 12},
+        releases=(release,),
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case(
         # Window 4. Step 0: r0's 8 tokens take 2 blocks in each group (15 -> 11).
@@ -485,6 +526,8 @@ CASES: tuple[Case, ...] = (
     retention_eagle(None),
     retention_eagle(0),
     mamba_checkpoint_in_chunk(caching=True),
+    mamba_checkpoint_on_a_null_place("0.32"),
+    mamba_checkpoint_on_a_null_place("0.33"),
     mamba_state_hit(
         # 0.33: r0's step-1 chunk ends past the state, already keyed: r1's hit no longer
         # waits. r1 (21 tokens, 5 left after the hit) touches block 1, held by r0 (no

@@ -11,10 +11,12 @@ import pytest
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.events import AddRequest, Event, ModelOutput, StepRecord
 from dualbudget.reference.kv import KVCacheManager
-from dualbudget.reference.kv_coordinator import manager_for
+from dualbudget.reference.kv_coordinator import lookup_types, manager_for
 from dualbudget.reference.kv_hybrid import HybridKVCacheManager
+from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager, group_key
 from dualbudget.reference.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
+from dualbudget.reference.state import RequestState
 from dualbudget.reference.violations import UnmirroredVllmCrash
 from dualbudget.spec.config import (
     REFUSED_KV_GROUP_KINDS,
@@ -27,6 +29,7 @@ from dualbudget.spec.profiles import profile_named
 from dualbudget.spec.releases import release_named
 from dualbudget.spec.scenario_format import config_to_json
 from tests.kv_group_cases import (
+    BLOCK_SIZE,
     CASES,
     FULL,
     MAMBA_CHECKPOINT_PAST_THE_PROMPT,
@@ -195,10 +198,6 @@ def test_mamba_groups_share_one_cache_mode() -> None:
             "kv_groups[1].block_size",
         ),
         (
-            {"enable_prefix_caching": True, "kv_groups": (SLIDING_WINDOW, FULL, FULL)},
-            "kv_groups[2].kind",
-        ),
-        (
             {
                 "block_size": 8,
                 "mamba_prefill_checkpoint_blocks": 1,
@@ -218,6 +217,41 @@ def test_what_the_coordinator_does_not_model_is_refused(
     with pytest.raises(ConfigError) as err:
         Scheduler(hybrid, profile_named("vllm-0.33"))
     assert err.value.field == field
+
+
+def test_groups_of_one_spec_are_one_lookup_type() -> None:
+    """vLLM's ``attention_groups``: groups equal but for ``is_eagle_group`` are looked up
+    together, full attention first; a group of one kind with another window is not."""
+    mamba = KVGroup("mamba", 4, mamba_cache_mode="align")
+    assert lookup_types((mamba, mamba, FULL)) == ((2,), (0, 1))
+    wide = dataclasses.replace(SLIDING_WINDOW, sliding_window=2 * SLIDING_WINDOW.sliding_window)  # type: ignore[operator]
+    drafter = dataclasses.replace(FULL, is_eagle_group=True)
+    assert lookup_types((SLIDING_WINDOW, wide, FULL, drafter)) == ((2, 3), (0,), (1,))
+
+
+def test_groups_of_one_spec_hit_only_where_each_has_the_block() -> None:
+    """Two full-attention groups of one spec, one the drafter's, under 0.32 (whose EAGLE
+    drops the last hit block): the first group has 3 blocks of the prompt cached, the
+    drafter's 5. Looked up together the common run of 3 drops its last: 2 blocks, for
+    both (each group's own lookup, vLLM's for groups of two specs, would keep 3: the
+    first group does not drop, and the drafter's drop lands back on its 3)."""
+    drafter = dataclasses.replace(FULL, is_eagle_group=True)
+    hybrid = config(32, FULL, drafter, method="eagle", enable_prefix_caching=True)
+    scheduler = Scheduler(hybrid, profile_named("vllm-0.32"))
+    manager = scheduler.kv
+    assert isinstance(manager, HybridPrefixCachingKVCacheManager)
+    assert (manager.lookup_types, manager.drop_groups) == (((0, 1),), (True, True))
+    state = scheduler.state
+    pool = manager.pool(state)
+    request = RequestState("r", 10 * BLOCK_SIZE + 1, 4)
+    request.block_hashes = [f"h{place}" for place in range(10)]
+    free = iter(range(1, 32))
+    for group, cached in ((0, 3), (1, 5)):
+        for place in range(cached):
+            pool.cache(next(free), group_key(f"h{place}", group))
+    hit, length = manager.get_computed_blocks(state, request)
+    assert length == 2 * BLOCK_SIZE
+    assert hit == (1, 2, 4, 5)
 
 
 def test_a_chunked_local_group_whose_hit_drops_a_block_is_refused() -> None:

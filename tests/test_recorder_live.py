@@ -15,6 +15,7 @@ from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
 from dualbudget.reference.events import ModelOutput, StepRecord
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.scenario import Scenario, load_scenario, validate
+from dualbudget.reference.settings import SPEC_OF_ITS_OWN
 from dualbudget.reference.trace import VERSION, read_trace
 from dualbudget.reference.workload import preset
 from dualbudget.spec.profiles import profile_named
@@ -145,9 +146,16 @@ def test_the_recorder_follows_async_scheduling_and_reads_every_setting(
 
 
 FAMILIES = [
-    d for d in DEPLOYMENTS if not d.settings and [n for n, _ in d.groups] != ["FullAttentionSpec"]
+    d
+    for d in DEPLOYMENTS
+    if not d.settings
+    and [n for n, _ in d.groups] != ["FullAttentionSpec"]
+    and not any(n.endswith(SPEC_OF_ITS_OWN) for n, _ in d.groups)
 ]
-"""The families of the table whose KV groups are not one full-attention group."""
+"""The families of the table whose KV groups are not one full-attention group, but those
+with a group of a spec of its own (DeepSeek V3.2's indexer), which the live adapter,
+building specs from ``KVGroup``s, cannot build apart (``tests/test_hybrid_live.py``
+checks how the recorder names one)."""
 
 
 @pytest.mark.parametrize("deployment", FAMILIES, ids=lambda d: d.family)
