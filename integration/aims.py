@@ -580,8 +580,8 @@ AIMS: dict[str, Aim] = {
                 ),
                 # Several groups of one spec, as vLLM splits a model's layers into groups
                 # of equal size (Qwen3-Next: three Mamba groups per full-attention one;
-                # Llama 4: three chunked-local ones; DeepSeek V3.2: MLA and its indexer),
-                # looked up together.
+                # Llama 4: three chunked-local ones), looked up together; and MLA twice,
+                # one of them the drafter's.
                 (
                     GroupShape("mamba", mamba_cache_mode="align"),
                     GroupShape("mamba", mamba_cache_mode="align"),

@@ -148,7 +148,7 @@ def kv_cache_group_names(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     for index, (group, name) in enumerate(zip(groups, names, strict=True)):
         if name not in KV_SPEC_KINDS:
             continue
-        modelled = dataclasses.replace(_kv_group_of(vllm_config, group, name), is_eagle_group=False)
+        modelled = _kv_group_of(vllm_config, group, name).kv_cache_spec
         spec = group.kv_cache_spec
         if any(other == modelled and other_spec != spec for other, other_spec in seen):
             names[index] = name + SPEC_OF_ITS_OWN

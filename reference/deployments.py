@@ -149,7 +149,7 @@ DEPLOYMENTS: tuple[Deployment, ...] = (
     Deployment(
         "Llama 4 + EAGLE3", "eagle3", 3,
         (
-            *[_group("chunked_local_attention", attention_chunk_size=8192)] * 3,
+            *(_group("chunked_local_attention", attention_chunk_size=8192),) * 3,
             _group("full_attention", is_eagle_group=True),
         ),
     ),

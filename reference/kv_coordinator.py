@@ -8,8 +8,6 @@ is refused by name.
 
 from __future__ import annotations
 
-import dataclasses
-
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
@@ -138,8 +136,9 @@ def hybrid_caching_manager(
     # group of that spec drop (the spec group's use_eagle reaches each of its managers).
     drop_groups = [False] * len(groups)
     for group_ids in types:
+        drop = drops and any(flagged[index] for index in group_ids)
         for index in group_ids:
-            drop_groups[index] = drops and any(flagged[other] for other in group_ids)
+            drop_groups[index] = drop
     for index, group in enumerate(groups):
         if drop_groups[index] and group.kind == "chunked_local_attention":
             # ChunkedLocalAttentionManager.find_longest_cache_hit asserts it never drops.
@@ -175,12 +174,12 @@ def hybrid_caching_manager(
 
 
 def lookup_types(groups: tuple[KVGroup, ...]) -> tuple[tuple[int, ...], ...]:
-    """``verify_and_split_kv_cache_groups``: the groups of one spec (equal in every field
-    but ``is_eagle_group``, which vLLM keeps on the group, not its spec) in the order
-    their first group comes, then full attention first."""
+    """``verify_and_split_kv_cache_groups``: the groups of one spec (equal
+    ``KVGroup.kv_cache_spec``) in the order their first group comes, then full attention
+    first."""
     types: dict[KVGroup, list[int]] = {}
     for index, group in enumerate(groups):
-        types.setdefault(dataclasses.replace(group, is_eagle_group=False), []).append(index)
+        types.setdefault(group.kv_cache_spec, []).append(index)
     return tuple(
         tuple(group_ids)
         for group_ids in sorted(

@@ -12,7 +12,7 @@ default is True for decoder language models; the project states it explicitly to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import BadInput
 from .methods import MethodLayout, layout_for
@@ -101,6 +101,13 @@ class KVGroup:
     is_draft: bool = False
     """The drafter's own spec (``KVCacheSpec.is_draft``: DFlash and DSpark drafters whose
     spec does not merge into the target's), a group of its own."""
+
+    @property
+    def kv_cache_spec(self) -> KVGroup:
+        """The group as its ``kv_cache_spec``: every field but ``is_eagle_group``, which
+        vLLM keeps on the ``KVCacheGroupSpec``. vLLM looks up groups of equal specs
+        together."""
+        return replace(self, is_eagle_group=False)
 
 
 @dataclass(frozen=True)

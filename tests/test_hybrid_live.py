@@ -156,8 +156,7 @@ FAMILIES: dict[str, tuple[KVGroup, ...]] = {
     ),
     # Groups of one spec, looked up together: gpt-oss with a one-layer drafter (its
     # full-attention group twice, the drafter's marked), Llama 4's three chunked-local
-    # groups per full-attention one, DeepSeek V3.2-shaped MLA twice (the drafter's
-    # marked).
+    # groups per full-attention one, MLA twice (the drafter's marked).
     "sliding window + full twice": (
         KVGroup("sliding_window", 4, sliding_window=8),
         KVGroup("full_attention", 4),
