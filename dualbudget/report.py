@@ -294,6 +294,12 @@ def traces_section(fuzz_json: Path | None = None) -> list[str]:
             continue
         if result.divergence is not None:
             status = f"DIVERGES at step {result.divergence[0]}"
+        elif result.free_blocks_divergence is not None:
+            step, recorded, reference = result.free_blocks_divergence
+            status = (
+                f"DIVERGES at step {step}: vLLM's pool {recorded} free blocks,"
+                f" the reference's {reference}"
+            )
         elif result.violations:
             status = "; ".join(
                 f"recorded scheduler broke {v.contract} at step {v.step}"
@@ -301,6 +307,8 @@ def traces_section(fuzz_json: Path | None = None) -> list[str]:
             )
         elif result.steps_checked == 0:
             status = "no step checked (not a pass)"
+        elif result.free_blocks_checked:
+            status = "all decisions and every recorded pool agree"
         else:
             status = "all decisions agree"
         rows.append(

@@ -3,12 +3,15 @@ that every decision the real scheduler made is the one the reference makes.
 
 The profile comes from the trace's vLLM version (``spec.releases.release_of``: the
 profile of the release that recorded it) unless the caller names one. A replay that
-checked no step is a failure, never a pass. A trace holding a setting the reference does not replay
-(``reference/settings.py``: a user ``max_num_active_seqs``, a KV watermark, ...) is
-refused naming it, and so is a version-1 trace recorded under async scheduling, whose
-model outputs do not say which step they answer, and a trace recorded with prefix caching
-before version 3, which holds no block hashes to take the hits from. ``--json FILE``
-writes one summary per trace (docs/traces.md).
+checked no step is a failure, never a pass. Where the trace recorded vLLM's free KV
+blocks after a step (version 4), the reference's pool must hold as many: a block held or
+freed a step early is a divergence where it happens, not only once the pool runs short.
+A trace holding a setting the reference does not replay (``reference/settings.py``: a
+user ``max_num_active_seqs``, a KV watermark, ...) is refused naming it, and so is a
+version-1 trace recorded under async scheduling, whose model outputs do not say which
+step they answer, and a trace recorded with prefix caching before version 3, which holds
+no block hashes to take the hits from. ``--json FILE`` writes one summary per trace
+(docs/traces.md).
 """
 
 from __future__ import annotations
@@ -53,13 +56,23 @@ class ReplayResult:
     """Requests admitted with a prefix-cache hit, as the reference replayed them (its
     ``observed["prefix_hit"]``; 0 without prefix caching)."""
     steps_checked: int = 0
+    free_blocks_checked: int = 0
+    """Steps whose recorded free KV blocks the reference's pool matched."""
     divergence: tuple[int, StepRecord, StepRecord] | None = None
     """(step, recorded, reference) at the first decision that differs."""
+    free_blocks_divergence: tuple[int, int, int] | None = None
+    """(step, vLLM's free blocks, the reference's) at the first step whose decisions
+    agree but whose pools do not."""
     violations: list[StepViolation] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.divergence is None and not self.violations and self.steps_checked > 0
+        return (
+            self.divergence is None
+            and self.free_blocks_divergence is None
+            and not self.violations
+            and self.steps_checked > 0
+        )
 
     def to_json(self) -> dict[str, Any]:
         """One entry of ``replay --json`` (docs/traces.md)."""
@@ -71,6 +84,10 @@ class ReplayResult:
                 "recorded": recorded.decision(),
                 "reference": reference.decision(),
             }
+        free_blocks = None
+        if self.free_blocks_divergence is not None:
+            step, recorded_free, reference_free = self.free_blocks_divergence
+            free_blocks = {"step": step, "recorded": recorded_free, "reference": reference_free}
         return {
             "path": self.path,
             "vllm_version": self.vllm_version,
@@ -79,7 +96,9 @@ class ReplayResult:
             "steps_checked": self.steps_checked,
             "natural_stops": self.natural_stops,
             "prefix_hits": self.prefix_hits,
+            "free_blocks_checked": self.free_blocks_checked,
             "divergence": divergence,
+            "free_blocks_divergence": free_blocks,
             "violations": [
                 {"contract": v.contract, "step": v.step, "message": v.message}
                 for v in self.violations
@@ -147,6 +166,16 @@ def replay_trace(trace: Trace, profile: Profile | None = None) -> ReplayResult:
             result.divergence = (entry.step, entry, mine)
             break
         result.steps_checked += 1
+        recorded_free = trace.free_blocks.get(entry.step)
+        if recorded_free is not None:
+            if recorded_free != scheduler.state.free_blocks:
+                result.free_blocks_divergence = (
+                    entry.step,
+                    recorded_free,
+                    scheduler.state.free_blocks,
+                )
+                break
+            result.free_blocks_checked += 1
     result.violations = list(scheduler.violations)
     result.prefix_hits = scheduler.observed.get("prefix_hit", 0)
     return result
@@ -177,6 +206,14 @@ def replay(options: ReplayOptions) -> int:
             print(f"  recorded:  {json.dumps(recorded.decision(), sort_keys=True)}")
             print(f"  reference: {json.dumps(reference.decision(), sort_keys=True)}")
             failed = True
+        elif result.free_blocks_divergence is not None:
+            step, recorded_free, reference_free = result.free_blocks_divergence
+            print(
+                f"{path}: DIVERGES at step {step} (profile {result.profile}): the decisions"
+                f" agree, but vLLM's KV pool had {recorded_free} free blocks after it and"
+                f" the reference's {reference_free}"
+            )
+            failed = True
         elif result.violations:
             for violation in result.violations:
                 print(
@@ -188,8 +225,14 @@ def replay(options: ReplayOptions) -> int:
             print(f"{path}: holds no step; a replay that checks nothing is not a pass")
             failed = True
         else:
+            pools = (
+                f"; vLLM's free KV blocks match the reference's at"
+                f" {result.free_blocks_checked} of them"
+                if result.free_blocks_checked
+                else ""
+            )
             print(
-                f"{path}: {result.steps_checked} steps replayed, all decisions agree"
+                f"{path}: {result.steps_checked} steps replayed, all decisions agree{pools}"
                 f" (profile {result.profile})"
             )
     sys.stdout.flush()

@@ -368,7 +368,7 @@ def _cell(value: Json) -> str:
 def replayed_words(setting: Setting) -> str:
     """The values the reference replays, in words."""
     if setting.modelled:
-        return "every value (modelled)"
+        return "every value"
     return " ".join(filter(None, (_cell(setting.assumed), setting.also)))
 
 
@@ -387,6 +387,7 @@ def settings_markdown() -> str:
         absent = "".join(f" (none in {v})" for v in RELEASE_VERSIONS if s.home_in(v) is None)
         lines.append(
             f"| `{s.name}` | `{s.home}`{absent} | {_cell(s.default)} | {replayed_words(s)}"
+            f"{' (modelled)' * s.modelled}"
             f" | {s.changes} | version {s.recorded_since}{' (absent: the default)' * s.optional} |"
         )
     return "\n".join(lines) + "\n"

@@ -591,7 +591,7 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     carry over is the verify width: a step the trace ran at width 1 is simulated at
     ``1 + K``, so step counts of a what-if are model results, not replays.
 
-    A prefix-cached trace (version 3) keeps what its prompts shared: each request gets
+    A prefix-cached trace (version 3 on) keeps what its prompts shared: each request gets
     prompt ids made from its recorded block hashes (``prompt_ids_from_hashes``), so two
     prompts share a block in the what-if exactly where vLLM found them sharing one. Its
     outputs are the simulation's own ids, so a later turn's blocks over an earlier reply

@@ -1,5 +1,5 @@
-"""The trace format ``dualbudget-trace``: NDJSON, one object per line, written at version 3
-and read at versions 1, 2 and 3.
+"""The trace format ``dualbudget-trace``: NDJSON, one object per line, written at version 4
+and read at versions 1 to 4.
 
 What each line may hold, per version, is its schema (``reference/trace_schema.py``;
 docs/design.md §4.3 renders its tables): the header first, then, in the order they
@@ -8,8 +8,9 @@ happened, the events that came from outside the scheduler (``add_request``, ``ab
 ``{"event": "end", "steps": N}``: a trace without it was cut short. Only budget-relevant
 fields are kept: no token ids, no prompts. Prefix caching's hits are reproduced from
 vLLM's own block hashes (``Request.block_hashes``, as hex): only their equality matters,
-so they carry no token content. A file named ``*.gz`` is read through gzip (a burst of
-thousands of arrivals compresses well).
+so they carry no token content. From version 4 each step line may also hold vLLM's free KV
+blocks once the step was scheduled, which replay compares with the reference's pool. A file
+named ``*.gz`` is read through gzip (a burst of thousands of arrivals compresses well).
 
 Beyond each line's schema the reader checks what takes the whole trace: the end line's
 count, the step a model output answers, and the block hashes against the trace's own
@@ -36,7 +37,15 @@ from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepR
 from .scenario import config_to_json
 from .schemas import first_error
 from .settings import SETTINGS_IN_CONFIG, Json, assumed_request_settings, assumed_settings
-from .trace_schema import FORMAT, VERSIONS, AddRequestLineV2, EndLine, HeaderV1, line_adapter
+from .trace_schema import (
+    FORMAT,
+    VERSIONS,
+    AddRequestLineV2,
+    EndLine,
+    HeaderV1,
+    StepLine,
+    line_adapter,
+)
 
 VERSION = max(VERSIONS)
 """The version written."""
@@ -103,6 +112,9 @@ class Trace:
     entries: tuple[Entry, ...]
     request_settings: dict[str, dict[str, Json]] = field(default_factory=dict)
     """Request-scope settings by request id, for the requests that set one."""
+    free_blocks: dict[int, int] = field(default_factory=dict)
+    """vLLM's free KV blocks once each step was scheduled, by step index, for the steps
+    that recorded them (none before version 4)."""
 
     @property
     def steps(self) -> int:
@@ -164,9 +176,16 @@ class TraceWriter:
         self._last_step: int | None = None
         self._append(header.to_json())
 
-    def write(self, entry: Entry, settings: Mapping[str, Json] | None = None) -> None:
+    def write(
+        self,
+        entry: Entry,
+        settings: Mapping[str, Json] | None = None,
+        *,
+        num_free_blocks: int | None = None,
+    ) -> None:
         """Append ``entry``; ``settings`` are an ``AddRequest``'s request-scope settings
-        (written only when one differs from what the reference assumes)."""
+        (written only when one differs from what the reference assumes),
+        ``num_free_blocks`` a ``StepRecord``'s free KV blocks once it was scheduled."""
         if self._prefix_caching and isinstance(entry, AddRequest) and entry.block_hashes is None:
             # Token ids are never written: without its hashes a request's hits are lost.
             raise ValueError(
@@ -176,6 +195,10 @@ class TraceWriter:
         if isinstance(entry, StepRecord):
             self._steps += 1
             self._last_step = entry.step
+            if num_free_blocks is not None:
+                obj["num_free_blocks"] = num_free_blocks
+        elif num_free_blocks is not None:
+            raise TypeError("only a step carries num_free_blocks")
         elif isinstance(entry, ModelOutput) and entry.step is None:
             # None is "the step just scheduled" (events.py): name it, as version 2 must.
             if self._last_step is None:
@@ -233,6 +256,7 @@ def read_trace(path: str | Path) -> Trace:
     read_line = line_adapter(header.version).validate_json
     entries: list[Entry] = []
     request_settings: dict[str, dict[str, Json]] = {}
+    free_blocks: dict[int, int] = {}
     # Before version 3 a prefix-cached trace holds no hashes: read, but never replayed.
     hashed = header.enable_prefix_caching and header.version >= HASHES_FROM
     chain = _HashChain(name, header.config.block_size, hashed, _hash_lookahead(header))
@@ -253,7 +277,7 @@ def read_trace(path: str | Path) -> Trace:
                 raise TraceError(f"{where}: end says {line.steps} steps, the trace holds {steps}")
             if lineno != len(lines):
                 raise TraceError(f"trace {name!r}: lines after the end line")
-            return Trace(name, header, tuple(entries), request_settings)
+            return Trace(name, header, tuple(entries), request_settings, free_blocks)
         entry = line.entry()
         if isinstance(entry, ModelOutput) and entry.step is not None and entry.step >= steps:
             raise TraceError(
@@ -264,6 +288,8 @@ def read_trace(path: str | Path) -> Trace:
         steps += isinstance(entry, StepRecord)
         if isinstance(line, AddRequestLineV2) and line.settings is not None:
             request_settings[line.request_id] = line.settings.model_dump(exclude_unset=True)
+        if isinstance(line, StepLine) and line.num_free_blocks is not None:
+            free_blocks[line.step] = line.num_free_blocks
         entries.append(entry)
     raise TraceError(f"trace {name!r}: truncated: no end line after {len(lines)} lines")
 

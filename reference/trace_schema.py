@@ -73,7 +73,10 @@ class _Header(Schema):
     """What the header of every version holds."""
 
     format: str = Field(description=f'`"{FORMAT}"`')
-    version: int = Field(description="the format version: `3` is written, `1` and `2` are read")
+    version: int = Field(
+        description="the format version: `4` is written, `1` to `3` are read (a version-3"
+        " trace is a version-4 one without `num_free_blocks`)"
+    )
     vllm_version: str = Field(description="the vLLM release that recorded it, e.g. `0.33.0`")
     source: Source = Field(
         description="`engine` (a whole engine), `scheduler` (vLLM's scheduler alone, driven"
@@ -183,7 +186,7 @@ class AbortLine(Schema):
         return Abort(self.request_id)
 
 
-class StepLine(Schema):
+class StepLineV1(Schema):
     """A step record (``reference/events.py`` ``StepRecord``): one scheduling decision."""
 
     event: Literal["step"]
@@ -226,6 +229,19 @@ class StepLine(Schema):
             self.draft_rows,
             self.budgets_left,
         )
+
+
+class StepLine(StepLineV1):
+    """A step record, and the state of vLLM's KV pool once the step is scheduled."""
+
+    num_free_blocks: int | None = Field(
+        default=None,
+        ge=0,
+        description="vLLM's free KV blocks right after the step was scheduled"
+        " (`BlockPool.get_num_free_blocks`); replay compares the reference's pool with it,"
+        " so a block held or freed a step early shows where it happens, not only once the"
+        " pool runs short",
+    )
 
 
 class ModelOutputLineV1(Schema):
@@ -299,14 +315,20 @@ class EndLine(Schema):
     steps: int = Field(description="how many step lines the trace holds")
 
 
-AnyLine = AddRequestLineV1 | AbortLine | StepLine | ModelOutputLineV1 | DraftProposalsLine | EndLine
+AnyLine = (
+    AddRequestLineV1 | AbortLine | StepLineV1 | ModelOutputLineV1 | DraftProposalsLine | EndLine
+)
 """A line after the header, of any version (a later version's line extends the earlier)."""
 LinesV1 = Annotated[
-    AddRequestLineV1 | AbortLine | StepLine | ModelOutputLineV1 | DraftProposalsLine | EndLine,
+    AddRequestLineV1 | AbortLine | StepLineV1 | ModelOutputLineV1 | DraftProposalsLine | EndLine,
     Field(discriminator="event"),
 ]
 LinesV2 = Annotated[
-    AddRequestLineV2 | AbortLine | StepLine | ModelOutputLineV2 | DraftProposalsLine | EndLine,
+    AddRequestLineV2 | AbortLine | StepLineV1 | ModelOutputLineV2 | DraftProposalsLine | EndLine,
+    Field(discriminator="event"),
+]
+LinesV3 = Annotated[
+    AddRequestLine | AbortLine | StepLineV1 | ModelOutputLine | DraftProposalsLine | EndLine,
     Field(discriminator="event"),
 ]
 Lines = Annotated[
@@ -326,7 +348,8 @@ class FormatVersion(NamedTuple):
 VERSIONS: dict[int, FormatVersion] = {
     1: FormatVersion(HeaderV1, LinesV1),
     2: FormatVersion(HeaderV2, LinesV2),
-    3: FormatVersion(Header, Lines),
+    3: FormatVersion(Header, LinesV3),
+    4: FormatVersion(Header, Lines),
 }
 """Every version read; the last is the one written."""
 
@@ -340,15 +363,20 @@ def line_adapter(version: int) -> TypeAdapter[AnyLine]:
 # -- the documentation ---------------------------------------------------------------------
 def step_record_markdown() -> str:
     """The step record's table (docs/design.md §4.2 renders it)."""
-    return schema_table(StepLine, skip=("event",))
+    return schema_table(StepLineV1, skip=("event",))
 
 
 def trace_markdown() -> str:
-    """The table of the header and of each event line but the step record's (§4.2), as
-    the version written holds them (docs/design.md §4.3 renders them)."""
+    """The table of the header and of each event line (of the step line, what it holds
+    beyond the step record of §4.2), as the version written holds them (docs/design.md
+    §4.3 renders them)."""
     parts = [f"{schema_heading(Header)}\n\n{schema_table(Header)}"]
-    for line in (AddRequestLine, AbortLine, ModelOutputLine, DraftProposalsLine, EndLine):
+    for line in (AddRequestLine, AbortLine, StepLine, ModelOutputLine, DraftProposalsLine, EndLine):
         (event,) = get_args(line.model_fields["event"].annotation)
         heading = f'`{{"event": "{event}"}}`: {schema_heading(line)}'
-        parts.append(f"{heading}\n\n{schema_table(line, skip=('event',))}")
+        # A step line is the step record (§4.2) and what the version adds to it.
+        skip = ("event", *StepLineV1.model_fields) if line is StepLine else ("event",)
+        if line is StepLine:
+            heading += " The step record's keys (§4.2), and:"
+        parts.append(f"{heading}\n\n{schema_table(line, skip=skip)}")
     return "\n".join(parts)

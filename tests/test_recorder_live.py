@@ -54,8 +54,13 @@ def test_recording_changes_no_decision_and_replays(
         r.decision() for r in plain
     ]
     result = replay_trace(written)
-    assert result.ok, (result.divergence, result.violations)
+    assert result.ok, (result.divergence, result.free_blocks_divergence, result.violations)
     assert result.steps_checked == len(plain)
+    # vLLM's pool after every step, read by the recorder and matched by the reference's;
+    # it moved during the run, so the check is not one of a constant.
+    assert sorted(written.free_blocks) == list(range(len(plain)))
+    assert result.free_blocks_checked == len(plain)
+    assert len(set(written.free_blocks.values())) > 1
 
 
 def test_the_recorder_refuses_to_start_without_a_trace_path(
@@ -189,7 +194,12 @@ def test_a_family_recorded_at_vllms_defaults_replays_as_the_table_says(
     assert trace.header.settings["kv_cache_groups"] == [name for name, _ in deployment.groups]
     assert trace.header.config.enable_prefix_caching and trace.header.async_scheduling
     result = replay_trace(trace)
-    assert result.ok and result.steps_checked == 30, (result.divergence, result.violations)
+    assert result.ok and result.steps_checked == 30, (
+        result.divergence,
+        result.free_blocks_divergence,
+        result.violations,
+    )
+    assert result.free_blocks_checked == 30
 
 
 def test_gpt_oss_recorded_at_the_engines_retention_replays(profile: str, tmp_path: Path) -> None:
@@ -210,5 +220,10 @@ def test_gpt_oss_recorded_at_the_engines_retention_replays(profile: str, tmp_pat
     assert trace.header.settings["prefix_cache_retention_interval"] == 0
     assert trace.header.config.prefix_cache_retention_interval == 0
     result = replay_trace(trace)
-    assert result.ok and result.steps_checked == 60, (result.divergence, result.violations)
+    assert result.ok and result.steps_checked == 60, (
+        result.divergence,
+        result.free_blocks_divergence,
+        result.violations,
+    )
+    assert result.free_blocks_checked == 60
     assert result.prefix_hits > 0

@@ -70,6 +70,9 @@ def test_replay_json_shows_every_family_trace_agreeing(tmp_path: Path) -> None:
     for summary, trace in zip(summaries, FAMILY_TRACES.values(), strict=True):
         assert summary["divergence"] is None and summary["violations"] == [], summary
         assert summary["steps_checked"] == trace.steps > 0
+        # Recorded in version 4: vLLM's pool after every step, matched by the reference's.
+        assert summary["free_blocks_divergence"] is None
+        assert summary["free_blocks_checked"] == trace.steps, summary["path"]
         assert summary["prefix_hits"] > 0, summary["path"]
         assert summary["natural_stops"] > 0, summary["path"]
 

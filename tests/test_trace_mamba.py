@@ -27,8 +27,8 @@ TRACES_OF = {0: TRACE, 1: CHECKPOINTS}
 def first_divergence(
     version: str, trace: str = TRACE, checkpoints: int | None = None
 ) -> int | None:
-    """Where the replay of ``trace`` diverges (None: nowhere), at the recorded checkpoint
-    blocks or at ``checkpoints``."""
+    """Where the replay of ``trace`` diverges (None: nowhere), in a decision or in the
+    pool's free blocks, at the recorded checkpoint blocks or at ``checkpoints``."""
     read = read_trace(TRACES / trace.format(version))
     if checkpoints is not None:
         config = dataclasses.replace(
@@ -37,7 +37,9 @@ def first_divergence(
         read = dataclasses.replace(read, header=dataclasses.replace(read.header, config=config))
     result = replay_trace(read)
     assert result.violations == []
-    return None if result.divergence is None else result.divergence[0]
+    if result.divergence is not None:
+        return result.divergence[0]
+    return None if result.free_blocks_divergence is None else result.free_blocks_divergence[0]
 
 
 @pytest.mark.parametrize("version", RELEASE_VERSIONS)
@@ -60,6 +62,7 @@ def test_it_holds_a_mamba_group_in_align_mode_with_prefix_caching(
 def test_it_replays_with_hits(version: str, checkpoints: int) -> None:
     result = replay_trace(read_trace(TRACES / TRACES_OF[checkpoints].format(version)))
     assert result.divergence is None and result.violations == []
+    assert result.free_blocks_divergence is None and result.free_blocks_checked == 300
     assert result.steps_checked == 300 and result.prefix_hits > 0 and result.natural_stops > 0
 
 

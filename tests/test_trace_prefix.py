@@ -77,7 +77,7 @@ def test_the_shipped_prefix_trace_is_a_default_engine_run_that_shares_prefixes(
 ) -> None:
     trace = read_trace(PREFIX_TRACE)
     header = trace.header
-    assert header.version == VERSION == 3 and header.source == "engine"
+    assert header.version == 3 < VERSION and header.source == "engine"
     assert header.vllm_version == "0.32.0"
     assert header.enable_prefix_caching and header.config.enable_prefix_caching
     assert json.loads(lines[0])["settings"]["enable_prefix_caching"] is True
@@ -127,10 +127,14 @@ def test_every_shipped_trace_replays_and_only_the_prefix_cached_ones_hit(tmp_pat
     assert run.returncode == 0, run.stdout + run.stderr
     entries = json.loads(out.read_text())["traces"]
     versions = {read_trace(p).header.version for p in paths}
-    assert versions == set(READS)  # versions 1 and 2 still read and replayed
+    assert versions == set(READS)  # versions 1 to 3 still read and replayed
     for path, entry in zip(paths, entries, strict=True):
         assert entry["divergence"] is None and entry["steps_checked"] > 0
         assert (entry["prefix_hits"] > 0) == read_trace(path).header.enable_prefix_caching
+        # From version 4 every step's pool is checked too, and every one matched.
+        pools_recorded = read_trace(path).header.version >= 4
+        assert entry["free_blocks_divergence"] is None
+        assert entry["free_blocks_checked"] == (entry["steps_checked"] if pools_recorded else 0)
 
 
 def test_the_shipped_0_33_trace_replays_lookahead_hashes_with_hits(tmp_path: Path) -> None:

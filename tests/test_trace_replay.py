@@ -86,8 +86,8 @@ def test_another_profile_diverges(tmp_path: Path) -> None:
         (lambda lines: lines[:-1], "truncated: no end line"),
         (lambda lines: [*lines[:5], "{not json", *lines[5:]], "corrupt JSON"),
         (
-            lambda lines: [lines[0].replace('"version":3', '"version":7'), *lines[1:]],
-            "version 7, this reads versions 1, 2 and 3 only",
+            lambda lines: [lines[0].replace('"version":4', '"version":7'), *lines[1:]],
+            "version 7, this reads versions 1, 2, 3 and 4 only",
         ),
         (
             lambda lines: [lines[0].replace("dualbudget-trace", "other"), *lines[1:]],
@@ -235,3 +235,130 @@ def test_a_trace_becomes_a_what_if_workload(tmp_path: Path) -> None:
     run = dualbudget("simulate", "--trace", str(path), "--quiet", "--profile", "dual")
     assert run.returncode == 0, run.stderr
     assert "2 requests" in run.stdout
+
+
+# -- the KV pool's free blocks (version 4) ---------------------------------------------------
+POOL_TRACE = SHIPPED / "scheduler-async-0.33-gpt-oss-eagle3.ndjson.gz"
+"""A shipped version-4 trace of vLLM's hybrid coordinator (a sliding window beside full
+attention): the window frees blocks at nearly every step."""
+
+
+def _as_version_3(lines: list[str]) -> list[str]:
+    """The same trace without its pools: what version 3 held."""
+    out = [lines[0].replace('"version":4', '"version":3')]
+    for line in lines[1:]:
+        obj = json.loads(line)
+        obj.pop("num_free_blocks", None)
+        out.append(json.dumps(obj))
+    return out
+
+
+def _one_block_more_at_step_100() -> tuple[list[str], int]:
+    """``POOL_TRACE`` with vLLM's pool after step 100 one block fuller; the count written."""
+    lines = _lines(POOL_TRACE)
+    index, obj = next(
+        (i, obj)
+        for i, line in enumerate(lines)
+        if (obj := json.loads(line)).get("event") == "step" and obj["step"] == 100
+    )
+    obj["num_free_blocks"] += 1
+    lines[index] = json.dumps(obj)
+    return lines, obj["num_free_blocks"]
+
+
+def test_a_pool_that_differs_where_the_decisions_agree_fails_naming_the_step(
+    tmp_path: Path,
+) -> None:
+    lines, recorded = _one_block_more_at_step_100()
+    out = tmp_path / "replay.json"
+    run = dualbudget("replay", write(tmp_path, lines), "--json", str(out))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES at step 100" in run.stdout and "free blocks" in run.stdout, run.stdout
+    (entry,) = json.loads(out.read_text())["traces"]
+    assert entry["divergence"] is None
+    assert entry["free_blocks_divergence"] == {
+        "step": 100,
+        "recorded": recorded,
+        "reference": recorded - 1,
+    }
+    assert entry["steps_checked"] == 101 and entry["free_blocks_checked"] == 100
+
+
+def test_the_design_review_names_a_pool_divergence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dualbudget import report
+
+    lines, recorded = _one_block_more_at_step_100()
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "pool.ndjson").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(report, "TRACES", folder)
+    text = "\n".join(report.traces_section())
+    assert f"DIVERGES at step 100: vLLM's pool {recorded} free blocks" in text, text
+
+
+def test_a_version_3_trace_has_no_pool_to_check(tmp_path: Path) -> None:
+    run = dualbudget("replay", write(tmp_path, _as_version_3(_lines(POOL_TRACE))))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all decisions agree (profile" in run.stdout  # no pool checked, none claimed
+    assert replay_trace(read_trace(POOL_TRACE)).free_blocks_checked == 300
+
+
+def test_a_window_that_frees_a_block_late_is_found_by_the_pool_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planted difference in the reference's sliding-window release: the pools tell it at
+    the first step the reference holds a block vLLM's window freed, where the same trace
+    without its pools (version 3) tells it only once the short pool moves a decision."""
+    from dualbudget.reference.kv_single_type import SlidingWindowManager
+
+    released = SlidingWindowManager.num_skipped_tokens
+
+    def one_block_late(self: SlidingWindowManager, num_computed_tokens: int) -> int:
+        return max(released(self, num_computed_tokens) - self.block_size, 0)
+
+    monkeypatch.setattr(SlidingWindowManager, "num_skipped_tokens", one_block_late)
+    with_pools = replay_trace(read_trace(POOL_TRACE))
+    assert with_pools.divergence is None and with_pools.free_blocks_divergence is not None
+    found_at, recorded, reference = with_pools.free_blocks_divergence
+    assert reference < recorded  # the reference holds a block vLLM's window freed
+    without_pools = replay_trace(read_trace(write(tmp_path, _as_version_3(_lines(POOL_TRACE)))))
+    assert without_pools.free_blocks_checked == 0
+    assert without_pools.divergence is not None
+    assert found_at < without_pools.divergence[0]
+
+
+def test_only_a_step_carries_free_blocks(tmp_path: Path) -> None:
+    from dualbudget.reference.events import AddRequest, StepRecord
+    from dualbudget.reference.trace import TraceHeader, TraceWriter
+
+    config = preset("chat-poisson").scenario(seed=1).config
+    writer = TraceWriter(tmp_path / "t.ndjson", TraceHeader("0.33.0", "scheduler", config))
+    with pytest.raises(TypeError, match="only a step carries num_free_blocks"):
+        writer.write(AddRequest("a", 4, 2), num_free_blocks=3)
+    writer.write(AddRequest("a", 4, 2))
+    writer.write(StepRecord(0, {"a": 4}, {}, [], [], 4, 4), num_free_blocks=7)
+    writer.close()
+    assert read_trace(tmp_path / "t.ndjson").free_blocks == {0: 7}
+
+
+@pytest.mark.parametrize(
+    ("version", "count", "needle"),
+    [
+        (4, -1, "num_free_blocks: must be >= 0"),
+        (3, 5, "num_free_blocks: unknown key in a version-3 trace"),
+    ],
+)
+def test_a_bad_free_block_count_exits_2_naming_it(
+    tmp_path: Path, trace_lines: list[str], version: int, count: int, needle: str
+) -> None:
+    lines = [trace_lines[0].replace('"version":4', f'"version":{version}')]
+    for line in trace_lines[1:]:
+        obj = json.loads(line)
+        if obj["event"] == "step":
+            obj["num_free_blocks"] = count
+        lines.append(json.dumps(obj))
+    run = dualbudget("replay", write(tmp_path, lines))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert needle in run.stderr, run.stderr

@@ -45,6 +45,7 @@ def test_they_replay_with_hits(tmp_path: Path) -> None:
     assert main(["replay", "--json", str(out), *paths]) == 0
     for summary in json.loads(out.read_text())["traces"]:
         assert summary["divergence"] is None and summary["violations"] == [], summary
+        assert summary["free_blocks_divergence"] is None
         assert summary["prefix_hits"] > 0 and summary["natural_stops"] > 0, summary
 
 

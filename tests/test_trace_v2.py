@@ -185,7 +185,7 @@ def test_a_request_with_structured_outputs_is_refused_by_name(tmp_path: Path) ->
         ({"settings": {}}, "header.settings.enable_prefix_caching: missing"),
         ({"settings": None}, "header.settings: must be a JSON object, got null"),
         ({"async_scheduling": True}, "header.async_scheduling: unknown key"),
-        ({"version": 4}, "version 4, this reads versions 1, 2 and 3 only"),
+        ({"version": 5}, "version 5, this reads versions 1, 2, 3 and 4 only"),
     ],
 )
 def test_a_bad_version_2_header_exits_2_naming_the_key(
@@ -310,7 +310,9 @@ def test_replay_json_on_a_shipped_engine_trace_with_natural_stops(tmp_path: Path
         "steps_checked": trace.steps,
         "natural_stops": trace.natural_stops,
         "prefix_hits": 0,
+        "free_blocks_checked": 0,  # version 2 records no pool
         "divergence": None,
+        "free_blocks_divergence": None,
         "violations": [],
     }
     assert entry["natural_stops"] >= 10 and entry["steps_checked"] > 100
