@@ -46,6 +46,8 @@ SETTINGS: Mapping[str, Callable[[str, EngineConfig], int]] = {
     "long_prefill_token_threshold": lambda _, c: c.long_prefill_token_threshold,
     "num_speculative_tokens": lambda _, c: c.num_speculative_tokens,
     "max_num_new_slots_for_drafting": _drafting_slots,
+    # A flag as 0 or 1, so that a condition can compare it like the counts.
+    "enable_chunked_prefill": lambda _, c: int(c.enable_chunked_prefill),
 }
 """The settings a condition may name, read off a profile's config (the fuzz's and
 vLLM's)."""

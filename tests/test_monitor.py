@@ -300,6 +300,42 @@ def test_step_seen_reads_what_each_request_wanted_before_the_step() -> None:
     assert [v.contract for v in found] == ["C5"]  # "w" wanted 8, got 4: T = 7, D = 6
 
 
+@pytest.mark.parametrize(
+    ("profile", "layout", "batched", "model_len", "k"),
+    [
+        # The configs the long fuzz campaigns stalled on (the manifest's row says so).
+        ("vllm-0.33", "ngram-parallel", 48, 48, 3),
+        ("vllm-0.32", "dspark-anchor", 64, 64, 5),
+        ("vllm-0.32", "dflash", 14, 12, 4),
+        ("vllm-0.32", "ngram-parallel", 64, 64, 4),
+    ],
+)
+def test_a_stall_on_a_prompt_that_never_fits_whole_is_known_only_with_chunking_off(
+    profile: str, layout: str, batched: int, model_len: int, k: int
+) -> None:
+    from dualbudget.integration.outcome import known_as
+
+    key = (profile, layout, "C4")
+    unchunked = replace(
+        config(layout, max_num_batched_tokens=batched, max_model_len=model_len, max_num_seqs=2),
+        enable_chunked_prefill=False,
+        speculative_config=SpeculativeConfig.for_layout(layout_named(layout), k),
+    )
+    assert known_as(key, unchunked, frozenset({key})) == "outside_model.unchunked-prompt-stall"
+    # Chunked prefill on: the prompt is cut to fit, so a stall there would be new.
+    assert known_as(key, replace(unchunked, enable_chunked_prefill=True), frozenset({key})) is None
+    # A budget that takes the longest prompt vLLM accepts and the slots: new too.
+    slots = _slots(profile, unchunked)
+    roomy = replace(unchunked, max_num_batched_tokens=model_len - 1 + slots)
+    assert known_as(key, roomy, frozenset({key})) is None
+
+
+def _slots(profile: str, config: EngineConfig) -> int:
+    from dualbudget.proofs.causes import SETTINGS
+
+    return SETTINGS["max_num_new_slots_for_drafting"](profile, config)
+
+
 # -- the fallback -------------------------------------------------------------------------
 def test_no_matching_profile_falls_back_to_the_monitor_alone(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -7,7 +7,8 @@ and a wrong C(q), and nothing on vLLM's own scheduler; a small seeded fuzz of th
 installed scheduler shows no violation outside the manifest's findings but stalls the
 reference confirms; and
 ``--monitor-only`` runs the fuzz with no reference and reports, its scenario files
-replaying what it found."""
+replaying what it found; and a prompt vLLM accepts but, with chunked prefill off, never
+fits whole is a stall the reference shares and the manifest knows by its cause."""
 
 from __future__ import annotations
 
@@ -218,3 +219,40 @@ def test_a_monitor_told_a_wrong_c_of_q_fails_on_two_kv_groups(profile: str) -> N
     wrong = Monitor(scenario.config, draft_rows=lambda q: q + 32)
     found = run_live_alone(scenario, LiveScheduler(scenario.config), wrong).monitor.violations
     assert found and {v.contract for v in found} == {"C3"}
+
+
+@pytest.mark.parametrize(("prompt_len", "fits"), [(47, False), (46, True)])
+def test_a_prompt_that_never_fits_whole_waits_for_ever_and_is_a_known_stall(
+    profile: str, prompt_len: int, fits: bool
+) -> None:
+    """With chunked prefill off, vLLM schedules a prompt whole, against the input budget
+    less its parallel-drafting slots (K-1 for ngram with ``parallel_drafting``, in both
+    releases): at B = max_model_len = 48 and K = 3 a 47-token prompt, which vLLM accepts,
+    never fits, and the first step is empty with nothing left to change it; a 46-token
+    one runs. The reference stalls alike,
+    and the stall is the manifest's ``unchunked-prompt-stall``, not a new finding."""
+    from dualbudget.integration.outcome import known_as
+    from dualbudget.reference.scenario import validate
+
+    config = EngineConfig(
+        max_num_batched_tokens=48,
+        max_num_seqs=1,
+        max_model_len=48,
+        block_size=4,
+        num_gpu_blocks=32,
+        enable_chunked_prefill=False,
+        speculative_config=SpeculativeConfig.for_layout(layout_named("ngram-parallel"), 3),
+    )
+    request = RequestSpec("0", prompt_len, 1)
+    scenario = validate(Scenario(profile, config, (request,), Acceptance(fixed=0)))
+    beside: list[MonitorViolation] = []
+    steps, divergence = run_in_lockstep(scenario, max_steps=6, monitored=beside)
+    assert divergence is None  # the reference decides as vLLM does, stall included
+    if fits:
+        assert beside == [] and steps >= 1
+        return
+    # An empty first step with no event left to come is a fixed point (the driver's
+    # Stall): every later step would be the same, so the run stops there.
+    assert steps == 1 and [(v.contract, v.step) for v in beside] == [("C4", 0)], beside
+    key = (profile, "ngram-parallel", "C4")
+    assert known_as(key, config, known_findings()) == "outside_model.unchunked-prompt-stall"
