@@ -450,6 +450,12 @@ def _one_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+def num_free_blocks_of(scheduler: Any) -> int:
+    """A vLLM scheduler's free KV blocks (``BlockPool.get_num_free_blocks``): what the
+    lockstep compares with the reference's pool and what the trace recorder writes."""
+    return int(scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+
+
 def step_record_of(step: int, output: Any, params: StepParams) -> StepRecord:
     """A vLLM ``SchedulerOutput`` as a step record: what the live adapter compares and
     what the trace recorder writes (one conversion for both).
@@ -639,8 +645,8 @@ class LiveScheduler:
 
     @property
     def num_free_blocks(self) -> int:
-        """The pool's free blocks (``BlockPool.get_num_free_blocks``)."""
-        return int(self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+        """The pool's free blocks (``num_free_blocks_of``)."""
+        return num_free_blocks_of(self.scheduler)
 
     # -- events --------------------------------------------------------------------------
     def handle(self, event: Event) -> StepRecord | None:

@@ -53,7 +53,7 @@ from dualbudget.reference.trace import TraceHeader, TraceWriter
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.policies import StepParams
 
-from .live import step_record_of
+from .live import num_free_blocks_of, step_record_of
 
 TRACE_ENV = "DUALBUDGET_TRACE"
 SOURCE_ENV = "DUALBUDGET_TRACE_SOURCE"
@@ -253,8 +253,6 @@ class _Recording:
     _step_of: dict[int, int]
     """Step index by ``id`` of the SchedulerOutput, until its model output arrives (under
     async scheduling the output of step n arrives after step n+1 is scheduled)."""
-    kv_cache_manager: Any
-    """vLLM's ``Scheduler.kv_cache_manager``, set by the scheduler the mixin joins."""
 
     def _open_trace(self, vllm_config: Any, kv_cache_config: Any) -> None:
         path = os.environ.get(TRACE_ENV)
@@ -312,9 +310,9 @@ class _Recording:
     def _record_step(self, output: Any) -> None:
         # The pool once the step is scheduled: replay checks the reference's KV manager
         # against it at every step, not only where a short pool moves a decision.
-        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         self._trace.write(
-            step_record_of(self._steps, output, self._params), num_free_blocks=int(free)
+            step_record_of(self._steps, output, self._params),
+            num_free_blocks=num_free_blocks_of(self),
         )
         self._step_of[id(output)] = self._steps
         self._steps += 1
