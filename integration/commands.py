@@ -239,6 +239,7 @@ def fuzz_json(result: FuzzResult) -> dict[str, Any]:
         "monitor": result.monitor_json(),
         "refused_configs": result.refused_configs,
         "mirrored_crashes": result.mirrored_crashes,
+        "crash_scenarios": result.crash_scenarios,
         "seconds": round(result.seconds, 2),
         "warm_up_seconds": round(result.warm_up_seconds, 2),
     }
@@ -248,6 +249,8 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
     """(exit code, the coverage table and the verdict line)."""
     from .aims import AIMS
     from .coverage import COVERAGE, EVENT_NAMES
+    from .outcome import LIVE_ALONE_CRASH
+    from .upstream import load_crashes
 
     head = f"{'method':<16}{'ex':>4}" + "".join(f"{e.short:>14}" for e in COVERAGE)
     lines = ["", "coverage (events per method):", head + "  built as"]
@@ -271,7 +274,7 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
         f"{result.examples} examples, {result.steps} steps in {result.seconds:.1f}s"
         f" (+{result.warm_up_seconds:.1f}s vLLM warm-up);"
         f" {result.refused_configs} configs refused by both sides,"
-        f" {result.mirrored_crashes} mirrored crashes"
+        f" {sum(result.mirrored_crashes.values())} mirrored crashes"
         + (
             " (stopped by the time limit: not reproducible by the seed alone)"
             if result.stopped_by_time
@@ -284,6 +287,16 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
             f"{tag}: {finding.contract} ({finding.profile}, {finding.layout}) at step"
             f" {finding.step}: {finding.scenario_path}"
         )
+    recorded = load_crashes()
+    for crash, count in sorted(result.mirrored_crashes.items()):
+        if crash == LIVE_ALONE_CRASH:
+            tag = "vLLM crashed with no reference beside it"
+        elif crash in recorded:
+            tag = f"mirrored crash {crash} (proofs/manifest.toml [crashes])"
+        else:
+            tag = f"NEW MIRRORED CRASH {crash} (not in proofs/manifest.toml [crashes])"
+        lines.append(f"{tag}: {count} examples, the first {result.crash_scenarios[crash]}")
+    new_crashes = [c for c in result.mirrored_crashes if c not in (*recorded, LIVE_ALONE_CRASH)]
     lines.append(result.monitor_summary())
     for divergence in result.divergences:
         lines.append(divergence.report())
@@ -295,6 +308,11 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
         code = 1
     elif result.unknown_findings:
         verdict = "FAIL: the reference flagged a contract break not known as a finding"
+        code = 1
+    elif new_crashes:
+        # vLLM fails an assertion on a config it accepts: a finding of its own, until the
+        # manifest records how the engine reaches it.
+        verdict = f"FAIL: vLLM fails an assertion no crash record names: {', '.join(new_crashes)}"
         code = 1
     elif result.unknown_monitor_findings:
         verdict = "FAIL: the contract monitor flagged a violation not known as a finding"
@@ -325,8 +343,9 @@ def replay_scenario(
     from dualbudget.reference.scenario import load_scenario
 
     from .live import scheduler_class, use_scheduler_class
-    from .lockstep import run_in_lockstep
+    from .lockstep import MirroredCrash, run_in_lockstep
     from .monitor_run import run_alone
+    from .upstream import load_crashes
 
     quiet_vllm()
     version = vllm_or_exit("fuzz")
@@ -352,14 +371,26 @@ def replay_scenario(
         failed = bool(monitored or crash)
         print(f"verdict: {'FAIL: violation reproduced' if failed else 'PASS: no violation'}")
         return int(failed)
+    both_failed = None
     with use_scheduler_class(cls):
-        steps, divergence = run_in_lockstep(scenario, monitored=monitored)
+        try:
+            steps, divergence = run_in_lockstep(scenario, monitored=monitored)
+        except MirroredCrash as mirrored:
+            steps, divergence, both_failed = mirrored.step, None, mirrored
     print(
         f"dualbudget fuzz --replay: vLLM {version}{against}, profile {scenario.profile},"
         f" {steps} steps of {path}"
     )
     for violation in monitored:
         print(f"monitor: {violation.contract} at step {violation.step}: {violation.message}")
+    if both_failed is not None:
+        name = both_failed.crash
+        print(f"mirrored crash {name} at step {both_failed.step}: {both_failed}")
+        if name in load_crashes():
+            print(f"verdict: PASS: both fail vLLM's assertion {name}, a crash record")
+            return 0
+        print(f"verdict: FAIL: vLLM fails an assertion no crash record names: {name}")
+        return 1
     if divergence is None:
         print("verdict: PASS: no divergence")
         return 0

@@ -46,7 +46,15 @@ from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from .aims import AIMS, machine_for
 from .coverage import EVENTS
 from .lockstep import Divergence, DivergenceFound
-from .outcome import FindingKey, FuzzResult, TimeUp, UnitRun, monitor_line, never_cancelled
+from .outcome import (
+    UNIT_RESULTS_FORMAT,
+    FindingKey,
+    FuzzResult,
+    TimeUp,
+    UnitRun,
+    monitor_line,
+    never_cancelled,
+)
 from .seeded import without_source_constants
 
 STATEFUL_STEP_COUNT = 80
@@ -340,7 +348,10 @@ def run_fuzz(
         out_dir = Path(campaign) / "scenarios"
         # A monitor-only unit checks less than a lockstep one: the two never share a DIR.
         mode = "monitor only" if monitor_only else "lockstep"
-        key = f"fuzz of {vllm_fingerprint()}, profile {profile}, scheduler {scheduler_cls}, {mode}"
+        key = (
+            f"fuzz of {vllm_fingerprint()}, profile {profile}, scheduler {scheduler_cls},"
+            f" {mode}, unit results v{UNIT_RESULTS_FORMAT}"
+        )
         try:
             kept = Campaign(campaign, key)
         except CampaignMismatch as err:

@@ -137,7 +137,14 @@ class ConfigRefused(Exception):
 
 class MirroredCrash(Exception):
     """Both sides fail on the same event (the reference mirrors a vLLM assertion with
-    ``UnmirroredVllmCrash``): they agree, and the run cannot go on."""
+    ``UnmirroredVllmCrash``): they agree, and the run cannot go on. ``crash`` names the
+    assertion (``reference.violations.VLLM_CRASHES``; None where no reference ran);
+    ``step`` is the driver's step whose events failed."""
+
+    def __init__(self, message: str, crash: str | None, step: int) -> None:
+        super().__init__(message)
+        self.crash = crash
+        self.step = step
 
 
 def replay_command(path: str | Path) -> str:
@@ -369,14 +376,17 @@ class Lockstep(LiveRun):
 
     def _feed(self, event: Event) -> None:
         ref_error = live_error = None
+        crash = None
         try:
             self.reference.handle(event)
         except UnmirroredVllmCrash as err:
-            ref_error = f"{type(err).__name__}: {err}"
+            ref_error, crash = f"{type(err).__name__}: {err}", err.crash
         try:
             self.live.handle(event)
         except Exception as err:  # vLLM's own assertion: reported, never swallowed
             live_error = f"{type(err).__name__}: {err}".strip() + _where(err)
+        if ref_error and live_error:
+            raise MirroredCrash(f"reference: {ref_error}; live: {live_error}", crash, self.step)
         if ref_error or live_error:
             self._diverge("crash", ref_error or "ok", live_error or "ok")
 
@@ -392,11 +402,12 @@ class Lockstep(LiveRun):
         }
         input_bound, refunds = self.counters.input_bound, self.counters.refunds
         ref_error = live_error = None
+        crash = None
         record = live = None
         try:
             record = self.reference.handle(ScheduleStep())
         except UnmirroredVllmCrash as err:
-            ref_error = f"{type(err).__name__}: {err}"
+            ref_error, crash = f"{type(err).__name__}: {err}", err.crash
         wanted = wanted_before(self.live.scheduler) if self.monitored else None
         try:
             live = self.live.handle(ScheduleStep())
@@ -405,7 +416,7 @@ class Lockstep(LiveRun):
         if live is not None and wanted is not None:
             self._monitor(live, wanted)
         if ref_error and live_error:
-            raise MirroredCrash(f"reference: {ref_error}; live: {live_error}")
+            raise MirroredCrash(f"reference: {ref_error}; live: {live_error}", crash, self.step)
         if ref_error or live_error:
             self._diverge("crash", ref_error or "ok", live_error or "ok")
         assert record is not None and live is not None

@@ -214,8 +214,8 @@ class LockstepMachine(RuleBasedStateMachine):
             except DivergenceFound as found:
                 self.run.divergences.append(found.divergence)
                 raise
-            except MirroredCrash:
-                self.run.mirrored_crashes += 1
+            except MirroredCrash as crash:
+                self.run.take_crash(lock, crash)
                 self.lock = None
                 return
             finally:

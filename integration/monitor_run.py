@@ -97,6 +97,12 @@ class LiveAlone(Lockstep):
             raise ConfigRefused(f"live: {err.reason}") from None
         self._padded: list[str] = []
 
+    def _crash(self, err: Exception) -> LiveCrash:
+        """vLLM's failure: with no reference, no name of the assertion the reference
+        mirrors."""
+        message = f"live: {type(err).__name__}: {err}".strip() + _where(err)
+        return LiveCrash(message, None, self.step)
+
     @property
     def state(self) -> SchedulerState:
         # The driver reads only LiveState's fields of the state it is handed.
@@ -131,7 +137,7 @@ class LiveAlone(Lockstep):
         try:
             self.live.handle(event)
         except Exception as err:  # vLLM's own assertion: the example ends here
-            raise LiveCrash(f"live: {type(err).__name__}: {err}".strip() + _where(err)) from None
+            raise self._crash(err) from None
         return None
 
     def _schedule_alone(self) -> StepRecord:
@@ -139,7 +145,7 @@ class LiveAlone(Lockstep):
         try:
             live = self.live.handle(ScheduleStep())
         except Exception as err:
-            raise LiveCrash(f"live: {type(err).__name__}: {err}".strip() + _where(err)) from None
+            raise self._crash(err) from None
         assert live is not None
         self.compared += 1
         self.last_live = live

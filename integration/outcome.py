@@ -27,7 +27,14 @@ from .coverage import EVENT_NAMES, required_events
 from .lockstep import Divergence
 
 if TYPE_CHECKING:
-    from .lockstep import Lockstep
+    from .lockstep import Lockstep, MirroredCrash
+
+LIVE_ALONE_CRASH = "vllm-alone"
+"""The kind of a crash of vLLM with no reference beside it (``--monitor-only``): nothing
+names the assertion the reference would have mirrored."""
+UNIT_RESULTS_FORMAT = 2
+"""The form of a unit's pickled result, part of a campaign's key: a campaign kept in
+another form is refused rather than merged (2: mirrored crashes counted by kind)."""
 
 FindingKey = tuple[str, str, str]
 """(profile, layout, contract id) of a contract break."""
@@ -122,7 +129,11 @@ class Outcome:
     examples: int = 0
     steps: int = 0
     refused_configs: int = 0
-    mirrored_crashes: int = 0
+    mirrored_crashes: dict[str, int] = field(default_factory=dict)
+    """Examples ended by a crash, per vLLM assertion the reference mirrors
+    (``reference.violations.VLLM_CRASHES``; ``LIVE_ALONE_CRASH`` with no reference)."""
+    crash_scenarios: dict[str, str] = field(default_factory=dict)
+    """The scenario file of the first example of each kind of ``mirrored_crashes``."""
     divergences: list[Divergence] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     monitor_findings: list[Finding] = field(default_factory=list)
@@ -205,6 +216,15 @@ class UnitRun(Outcome):
         lock.reference.violations.clear()
         self.findings += new
         return new
+
+    def take_crash(self, lock: Lockstep, crash: MirroredCrash) -> None:
+        """An example ended by ``crash``: counted by kind, the first of each kind in this
+        unit written as a scenario (``fuzz --replay`` reproduces it)."""
+        name = crash.crash or LIVE_ALONE_CRASH
+        self.mirrored_crashes[name] = self.mirrored_crashes.get(name, 0) + 1
+        if name not in self.crash_scenarios:
+            path = lock.write_scenario(crash.step, f"crash-{name}")
+            self.crash_scenarios[name] = str(path)
 
     def take_monitor(self, lock: Lockstep) -> list[Finding]:
         """The monitor's violations in ``lock`` since the last call: all counted, the
@@ -312,7 +332,9 @@ class FuzzResult(Outcome):
         self.examples += run.examples
         self.steps += run.steps
         self.refused_configs += run.refused_configs
-        self.mirrored_crashes += run.mirrored_crashes
+        for crash, count in run.mirrored_crashes.items():
+            self.mirrored_crashes[crash] = self.mirrored_crashes.get(crash, 0) + count
+            self.crash_scenarios.setdefault(crash, run.crash_scenarios[crash])
         self.divergences += run.divergences
         self.stopped_by_time |= run.stopped_by_time
         if run.examples:

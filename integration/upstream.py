@@ -63,6 +63,10 @@ class Crash:
     traffic: str
     """The requests and steps that lead there in the engine."""
     why: str
+    test: str | None = None
+    """The project's live test that reaches it (``FILE::FUNCTION``), for a crash whose
+    scheduler a generated test cannot build (it builds one full-attention group); None:
+    an ``Exhibit`` writes its test."""
 
 
 def load_crashes(path: Path = MANIFEST) -> dict[str, Crash]:
@@ -77,6 +81,7 @@ def load_crashes(path: Path = MANIFEST) -> dict[str, Crash]:
                 entry["config"],
                 entry["traffic"],
                 entry["why"],
+                entry.get("test"),
             )
             for name, entry in table.items()
         }

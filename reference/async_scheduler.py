@@ -98,7 +98,8 @@ class AsyncScheduler(Scheduler):
                 request.num_output_placeholders -= appended
             if request.num_output_placeholders < 0:
                 raise UnmirroredVllmCrash(
-                    f"request {request.request_id!r}: vLLM asserts num_output_placeholders >= 0"
+                    "negative-output-placeholders",
+                    f"request {request.request_id!r}: vLLM asserts num_output_placeholders >= 0",
                 )
         if not release.caches_verified_output and request.status == RUNNING:
             num_tokens = request.num_computed_tokens - request.num_output_placeholders

@@ -130,8 +130,9 @@ class HybridKVCacheManager(KVCacheManager):
             # The groups' counts fit the pool (a Mamba align group counts a table longer
             # than needed as negative), but the groups then take more.
             raise UnmirroredVllmCrash(
+                "pool-short-of-counted-blocks",
                 f"vLLM's BlockPool.get_new_blocks fails: request {request.request_id!r}'s"
-                f" groups take {taken} blocks of {state.free_blocks} free, counted {wanted}"
+                f" groups take {taken} blocks of {state.free_blocks} free, counted {wanted}",
             )
         state.free_blocks -= taken
         request.num_blocks += taken

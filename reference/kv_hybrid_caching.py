@@ -438,9 +438,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 num_new = cdiv(need_slot, group.block_size) - len(blocks.block_ids)
             if num_new > pool.num_free_blocks:
                 raise UnmirroredVllmCrash(
+                    "pool-short-of-counted-blocks",
                     f"vLLM's BlockPool.get_new_blocks fails: request {request.request_id!r}'s"
                     f" groups take more than the {pool.num_free_blocks} free blocks,"
-                    f" counted {wanted}"
+                    f" counted {wanted}",
                 )
             self._take_blocks(pool, blocks, num_new)
         # Real blocks: every place but the null block's (counted in C: every running
@@ -533,13 +534,15 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         for block in moved:
             if not block or pool.ref_cnt[block] != 1 or pool.block_hash[block] is not None:
                 raise UnmirroredVllmCrash(
+                    "mamba-moves-a-shared-block",
                     "vLLM's MambaManager asserts a speculative block it moves is its own"
-                    f" and uncached, but block {block} is shared or cached"
+                    f" and uncached, but block {block} is shared or cached",
                 )
         if num_new > (1 if allocated else 1 + group.num_speculative_blocks) + checkpoint:
             raise UnmirroredVllmCrash(
+                "mamba-takes-several-state-blocks",
                 "vLLM's MambaManager asserts it takes at most one state block a step,"
-                f" not {num_new}"
+                f" not {num_new}",
             )
         return num_new
 
@@ -726,9 +729,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if at >= len(hashes):
             # A padded decode's rows past the prompt put the checkpoint beyond the tokens.
             raise UnmirroredVllmCrash(
+                "mamba-checkpoint-past-block-hashes",
                 "vLLM's BlockPool asserts a checkpoint's prefix has its hashes, but request"
                 f" {request.request_id!r}'s checkpoint at {position} tokens is past its"
-                f" {len(hashes)} block hashes"
+                f" {len(hashes)} block hashes",
             )
         key = group_key(hashes[at], index)
         if pool.block_hash[block] == key:

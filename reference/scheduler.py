@@ -492,9 +492,10 @@ class Scheduler:
             # for the cut request it just stops the waiting loop, above.
             if padded and q != 1 + k:
                 raise UnmirroredVllmCrash(
+                    "padded-decode-cut-by-long-prefill-threshold",
                     "vLLM's Scheduler.schedule asserts a padded spec-decode request keeps"
                     f" 1 + K = {1 + k} tokens, but long_prefill_token_threshold cut request"
-                    f" {request.request_id!r} to {q}"
+                    f" {request.request_id!r} to {q}",
                 )
 
             self._pop_waiting(request.request_id)

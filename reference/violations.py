@@ -18,8 +18,31 @@ CheckMode = Literal["raise", "collect"]
 CHECK_MODES: tuple[str, ...] = get_args(CheckMode)
 
 
+VLLM_CRASHES = (
+    "padded-decode-cut-by-long-prefill-threshold",
+    "mamba-checkpoint-past-block-hashes",
+    "pool-short-of-counted-blocks",
+    "mamba-moves-a-shared-block",
+    "mamba-takes-several-state-blocks",
+    "negative-output-placeholders",
+)
+"""The vLLM assertions the reference mirrors, by name: where vLLM fails one, the reference
+raises ``UnmirroredVllmCrash`` naming it. ``proofs/manifest.toml`` ``[crashes.NAME]``
+records, under the same name, how the engine reaches one; a fuzz that mirrors a crash the
+manifest does not record reports it as new."""
+
+
 class UnmirroredVllmCrash(RuntimeError):
-    """A state in which vLLM itself fails an assertion; the reference refuses to guess."""
+    """A state in which vLLM itself fails an assertion; the reference refuses to guess.
+
+    ``crash`` names the assertion (one of ``VLLM_CRASHES``), so that a fuzz counts the
+    crashes it mirrors by kind."""
+
+    def __init__(self, crash: str, message: str) -> None:
+        if crash not in VLLM_CRASHES:
+            raise ValueError(f"unknown vLLM crash {crash!r}: VLLM_CRASHES names them")
+        super().__init__(message)
+        self.crash = crash
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,10 @@ def test_vllm_fails_its_assertion_on_a_checkpoint_past_a_padded_prompt(profile: 
     # vLLM's assertion: BlockPool._get_partial_block_hash, the checkpoint's hash.
     with pytest.raises(
         MirroredCrash, match=r"past its 3 block hashes; live: AssertionError: \(at block_pool"
-    ):
+    ) as crashed:
         for event in events:
             lock.handle(event)
+    assert crashed.value.crash == "mamba-checkpoint-past-block-hashes"
 
 
 def _no_checkpoint_without_caching(

@@ -295,5 +295,8 @@ def test_a_checkpoint_past_a_padded_prompt_is_a_vllm_crash(release: str) -> None
     """The reference refuses to guess where vLLM fails its assertion
     (``tests/test_hybrid_live.py`` shows vLLM failing there too)."""
     config, events = MAMBA_CHECKPOINT_PAST_THE_PROMPT
-    with pytest.raises(UnmirroredVllmCrash, match="checkpoint at 16 tokens is past its 3"):
+    with pytest.raises(
+        UnmirroredVllmCrash, match="checkpoint at 16 tokens is past its 3"
+    ) as crashed:
         run(config, release, events)
+    assert crashed.value.crash == "mamba-checkpoint-past-block-hashes"

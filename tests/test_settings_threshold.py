@@ -74,9 +74,10 @@ def check_worked(records: list[StepRecord]) -> None:
 def test_the_reference_raises_only_once_the_cut_request_is_allocated(profile: str) -> None:
     run = ScenarioRun(threshold_case(ROOMY_POOL, profile), max_steps=16)
     records: list[StepRecord] = []
-    with pytest.raises(UnmirroredVllmCrash, match=r"1 \+ K = 3.*'b' to 2"):
+    with pytest.raises(UnmirroredVllmCrash, match=r"1 \+ K = 3.*'b' to 2") as crashed:
         records.extend(run.records())
     assert len(records) == CRASH_STEP
+    assert crashed.value.crash == "padded-decode-cut-by-long-prefill-threshold"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -95,5 +96,7 @@ def test_the_case_agrees_with_the_live_vllm() -> None:
     short = threshold_case(SHORT_POOL, profile)
     check_worked(live_records(short, LiveScheduler(short.config), max_steps=16))
     roomy = threshold_case(ROOMY_POOL, profile)
-    with pytest.raises(MirroredCrash, match="AssertionError"):
+    with pytest.raises(MirroredCrash, match="AssertionError") as crashed:
         live_records(roomy, LiveScheduler(roomy.config), max_steps=16)
+    assert crashed.value.crash == "padded-decode-cut-by-long-prefill-threshold"
+    assert crashed.value.step == CRASH_STEP
