@@ -17,7 +17,7 @@ from dualbudget.reference.trace import read_trace
 
 DENSE_DIVERGES_AT = {
     # The CPU engine (0.32): a tiny Llama of sliding-window and full-attention layers.
-    "engine-draft-model-k3-sliding-window.ndjson": 80,
+    "engine-draft-model-k3-sliding-window.ndjson": 23,
     # vLLM's own AsyncScheduler of each release, gpt-oss + EAGLE3's groups.
     "scheduler-async-0.32-gpt-oss-eagle3-retention-0.ndjson.gz": 3,
     "scheduler-async-0.33-gpt-oss-eagle3-retention-0.ndjson.gz": 3,
