@@ -288,6 +288,7 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
             f" {finding.step}: {finding.scenario_path}"
         )
     recorded = load_crashes()
+    new_crashes = []
     for crash, count in sorted(result.mirrored_crashes.items()):
         if crash == LIVE_ALONE_CRASH:
             tag = "vLLM crashed with no reference beside it"
@@ -295,8 +296,8 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
             tag = f"mirrored crash {crash} (proofs/manifest.toml [crashes])"
         else:
             tag = f"NEW MIRRORED CRASH {crash} (not in proofs/manifest.toml [crashes])"
+            new_crashes.append(crash)
         lines.append(f"{tag}: {count} examples, the first {result.crash_scenarios[crash]}")
-    new_crashes = [c for c in result.mirrored_crashes if c not in (*recorded, LIVE_ALONE_CRASH)]
     lines.append(result.monitor_summary())
     for divergence in result.divergences:
         lines.append(divergence.report())

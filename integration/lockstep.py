@@ -384,7 +384,7 @@ class Lockstep(LiveRun):
         try:
             self.live.handle(event)
         except Exception as err:  # vLLM's own assertion: reported, never swallowed
-            live_error = f"{type(err).__name__}: {err}".strip() + _where(err)
+            live_error = _failure(err)
         if ref_error and live_error:
             raise MirroredCrash(f"reference: {ref_error}; live: {live_error}", crash, self.step)
         if ref_error or live_error:
@@ -412,7 +412,7 @@ class Lockstep(LiveRun):
         try:
             live = self.live.handle(ScheduleStep())
         except Exception as err:
-            live_error = f"{type(err).__name__}: {err}".strip() + _where(err)
+            live_error = _failure(err)
         if live is not None and wanted is not None:
             self._monitor(live, wanted)
         if ref_error and live_error:
@@ -486,6 +486,11 @@ class Lockstep(LiveRun):
 
 def _no_stop(request_id: str, num_sampled: int) -> int:
     return 0
+
+
+def _failure(err: BaseException) -> str:
+    """vLLM's exception in one line, with where it was raised."""
+    return f"{type(err).__name__}: {err}".strip() + _where(err)
 
 
 def _where(err: BaseException) -> str:

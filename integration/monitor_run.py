@@ -28,7 +28,7 @@ from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import EngineConfig
 
 from .live import LiveScheduler, Unsupported
-from .lockstep import ConfigRefused, LiveRun, Lockstep, MirroredCrash, _no_stop, _where
+from .lockstep import ConfigRefused, LiveRun, Lockstep, MirroredCrash, _failure, _no_stop
 from .monitor import MonitorViolation, wanted_before
 
 
@@ -100,8 +100,7 @@ class LiveAlone(Lockstep):
     def _crash(self, err: Exception) -> LiveCrash:
         """vLLM's failure: with no reference, no name of the assertion the reference
         mirrors."""
-        message = f"live: {type(err).__name__}: {err}".strip() + _where(err)
-        return LiveCrash(message, None, self.step)
+        return LiveCrash(f"live: {_failure(err)}", None, self.step)
 
     @property
     def state(self) -> SchedulerState:
