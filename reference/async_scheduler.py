@@ -89,9 +89,8 @@ class AsyncScheduler(Scheduler):
         a stop trims the output, as the release says. A release that does not cache
         verified output as it comes caches a running request's blocks here, up to its
         placeholders left."""
-        release = self.release
         if not is_stale:
-            if release.resolves_placeholders_of_sampled:
+            if self._resolves_placeholders_of_sampled:
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= num_sampled
             else:
@@ -101,7 +100,7 @@ class AsyncScheduler(Scheduler):
                     "negative-output-placeholders",
                     f"request {request.request_id!r}: vLLM asserts num_output_placeholders >= 0",
                 )
-        if not release.caches_verified_output and request.status == RUNNING:
+        if not self._release_caches_verified_output and request.status == RUNNING:
             num_tokens = request.num_computed_tokens - request.num_output_placeholders
             self.kv.cache_blocks(self.state, request, num_tokens)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 from dualbudget.spec.config import EngineConfig
 
@@ -55,9 +54,13 @@ class KVCacheManager:
     max_model_len: int
     num_lookahead_tokens: int
 
-    enable_caching: ClassVar[bool] = False
-    """vLLM's ``KVCacheManager.enable_caching``: whether blocks are known by their hashes,
-    so that requests carry what those are made of and outputs extend it."""
+    # A property, not a ClassVar: mypyc's build of a dataclass would take the annotated
+    # class attribute for a field (reference/compiled.py).
+    @property
+    def enable_caching(self) -> bool:
+        """vLLM's ``KVCacheManager.enable_caching``: whether blocks are known by their
+        hashes, so that requests carry what those are made of and outputs extend it."""
+        return False
 
     def add_request(self, request: RequestState, event: AddRequest) -> None:
         """A new request's blocks-to-be: nothing to know without caching."""
@@ -159,7 +162,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     observed: dict[str, int]
     """The scheduler's ``observed``: the pool's events are counted there."""
 
-    enable_caching: ClassVar[bool] = True
+    @property
+    def enable_caching(self) -> bool:
+        return True
 
     def add_request(self, request: RequestState, event: AddRequest) -> None:
         """A request carries what its block hashes are made of: its prompt's ids

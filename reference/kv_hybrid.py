@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from dualbudget.spec.config import EngineConfig
 
@@ -55,7 +54,9 @@ class HybridKVCacheManager(KVCacheManager):
     the prefill reserves a checkpoint (``_prefill_end``); with caching it also says which
     full blocks a sliding-window group caches."""
 
-    enable_caching: ClassVar[bool] = False
+    @property
+    def enable_caching(self) -> bool:
+        return False
 
     def add_request(self, request: RequestState, event: AddRequest) -> None:
         """An empty block table in every group; the first allocation looks for skips
@@ -69,7 +70,10 @@ class HybridKVCacheManager(KVCacheManager):
         """``remove_skipped_blocks``: each group frees what attention no longer reads;
         below ``kv_skip_horizon`` none would free more (a Mamba ``align`` group's
         states move every step: 0)."""
-        for group, blocks in zip(self.groups, request.kv_groups, strict=True):
+        # request.kv_groups holds one GroupBlocks per group (add_request). Indexed, not
+        # zipped: in the compiled build an index loop over a list is native code.
+        for index, group in enumerate(self.groups):
+            blocks = request.kv_groups[index]
             freed = group.remove_skipped_blocks(blocks, processed_computed_tokens)
             if freed:
                 state.free_blocks += freed
@@ -82,9 +86,10 @@ class HybridKVCacheManager(KVCacheManager):
         """The fewest processed tokens at which a group skips a block past the places it
         let go: while the request runs the processed tokens only grow, so below it
         ``remove_skipped_blocks`` would free nothing."""
+        blocks = request.kv_groups
         return min(
-            group.num_processed_to_skip(blocks.num_retired_blocks + 1)
-            for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+            group.num_processed_to_skip(blocks[index].num_retired_blocks + 1)
+            for index, group in enumerate(self.groups)
         )
 
     def _promise(self, request: RequestState) -> None:
@@ -94,9 +99,10 @@ class HybridKVCacheManager(KVCacheManager):
         if self.split_block_size:
             return
         lookahead = self.num_lookahead_tokens
+        blocks = request.kv_groups
         request.kv_slots_covered = min(
-            len(blocks.table) * group.block_size - group.num_tokens(0) - lookahead
-            for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+            len(blocks[index].table) * group.block_size - group.num_tokens(0) - lookahead
+            for index, group in enumerate(self.groups)
         )
 
     def allocate_slots(

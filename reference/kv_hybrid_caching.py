@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Final
 
 from .events import AddRequest, ModelOutput
 from .kv import NO_HIT, PrefixCachingKVCacheManager, cdiv
@@ -73,10 +73,27 @@ from .violations import UnmirroredVllmCrash
 NULL_BLOCK = 0
 """``BlockPool.null_block``'s id: the place of a freed or skipped block."""
 
+UNBOUNDED: Final = sys.maxsize
+"""A promise or horizon nothing reaches (a constant of the module: the compiled build
+reads it without looking ``sys`` up)."""
+
 
 def group_key(block_hash: str, group: int) -> str:
     """``make_block_hash_with_group_id``: one pool keeps every group's cached blocks."""
     return f"{block_hash}@{group}"
+
+
+def _cached_blocks(
+    pool: BlockPool, hashes: list[str] | tuple[()], group_ids: tuple[int, ...], place: int
+) -> list[int] | None:
+    """The cached block of each of ``group_ids`` at ``place`` (None: one has none)."""
+    blocks = []
+    for group in group_ids:
+        block = pool.get_cached_block(group_key(hashes[place], group))
+        if block is None:
+            return None
+        blocks.append(block)
+    return blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +130,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     ``allocate_slots`` and ``cache_blocks``, and the ``kv_slots_covered`` promise, rest
     on it). Read off ``groups``."""
 
-    enable_caching: ClassVar[bool] = True
+    @property
+    def enable_caching(self) -> bool:
+        return True
 
     def __post_init__(self) -> None:
         without_mamba = not any(isinstance(group, MambaManager) for group in self.groups)
@@ -142,8 +161,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if hashes is not None and len(hashes) != num_hashes:
             self._promise(request)  # a new hash: a block to cache
 
-    # The one shared pool, reached as the single-group caching manager reaches it.
-    pool = staticmethod(PrefixCachingKVCacheManager.pool)
+    @staticmethod
+    def pool(state: SchedulerState) -> BlockPool:
+        """The one shared pool, reached as the single-group caching manager reaches it."""
+        return PrefixCachingKVCacheManager.pool(state)
 
     # -- hits --------------------------------------------------------------------------
     def get_computed_blocks(
@@ -231,20 +252,11 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         manager, block_size = self.groups[group_ids[0]], self.block_size
         max_blocks = max_length // block_size
 
-        def cached(place: int) -> list[int] | None:
-            blocks = []
-            for group in group_ids:
-                block = pool.get_cached_block(group_key(hashes[place], group))
-                if block is None:
-                    return None
-                blocks.append(block)
-            return blocks
-
         if isinstance(manager, MambaManager):
             # From the right: the one state block ending at the hit, the places before it
             # null; no drop, as drafters have no Mamba layers.
             for place in range(max_blocks - 1, -1, -1):
-                found = cached(place)
+                found = _cached_blocks(pool, hashes, group_ids, place)
                 if found is not None:
                     return [[NULL_BLOCK] * place + [block] for block in found], (
                         place + 1
@@ -258,7 +270,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             run = 0
             end = None
             for place in range(max_blocks - 1, -1, -1):
-                found = cached(place)
+                found = _cached_blocks(pool, hashes, group_ids, place)
                 if found is None:
                     run = 0
                     continue
@@ -283,7 +295,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             skipped = max(max_length, 0) // chunk * chunk // block_size
         hits = [[NULL_BLOCK] * skipped for _ in group_ids]
         for place in range(skipped, max_blocks):
-            found = cached(place)
+            found = _cached_blocks(pool, hashes, group_ids, place)
             if found is None:
                 break
             for hit, block in zip(hits, found, strict=True):
@@ -485,8 +497,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             return False
         if wanted:
             pool = self.pool(state)
-            for blocks, num_new in zip(request.kv_groups, lacking, strict=True):
-                self._take_blocks(pool, blocks, num_new)
+            for index, num_new in enumerate(lacking):
+                self._take_blocks(pool, request.kv_groups[index], num_new)
             request.num_blocks += wanted
             state.free_blocks = pool.num_free_blocks
         self._cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
@@ -505,7 +517,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         hashes = request.block_hashes
         num_hashes = len(hashes) if hashes is not None else 0
         lookahead = self.num_lookahead_tokens
-        covered = sys.maxsize
+        covered = UNBOUNDED
         # Every RUNNING step at a block boundary passes here: the mins are spelled out.
         for blocks in request.kv_groups:
             num_cached = blocks.num_cached_blocks
@@ -568,7 +580,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         """``remove_skipped_blocks``: each group frees, last first back to the first null
         place, the blocks attention no longer reads."""
         pool = self.pool(state)
-        for group, blocks in zip(self.groups, request.kv_groups, strict=True):
+        # One GroupBlocks per group (add_request), indexed as HybridKVCacheManager's are.
+        for index, group in enumerate(self.groups):
+            blocks = request.kv_groups[index]
             if isinstance(group, MambaAlignManager):
                 request.num_blocks -= self._retire_mamba_blocks(
                     pool, group, blocks, processed_computed_tokens
@@ -625,7 +639,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             else:
                 return False
         pool = self.pool(state)
-        for index, (group, blocks) in enumerate(zip(self.groups, request.kv_groups, strict=True)):
+        for index, group in enumerate(self.groups):
+            blocks = request.kv_groups[index]
             if isinstance(group, MambaAlignManager):
                 self._cache_mamba_blocks(state, request, index, blocks, num_tokens)
                 continue
@@ -837,6 +852,6 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         self.pending_cuts.pop(request.request_id, None)
         self.junctions.pop(request.request_id, None)
         request.num_blocks = 0
-        request.kv_slots_covered, request.kv_skip_horizon = 0, sys.maxsize
+        request.kv_slots_covered, request.kv_skip_horizon = 0, UNBOUNDED
         request.kv_groups = [GroupBlocks() for _ in self.groups]
         state.free_blocks = pool.num_free_blocks

@@ -159,6 +159,9 @@ class Scheduler:
         self.scenario = scenario
         self.release = profile.release
         """Every behaviour around the budget that differs between vLLM releases."""
+        # The release's answers that every output of every request asks, read once.
+        self._resolves_placeholders_of_sampled = self.release.resolves_placeholders_of_sampled
+        self._release_caches_verified_output = self.release.caches_verified_output
         self.observed: dict[str, int] = dict.fromkeys(OBSERVED, 0)
         self.num_spec_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
@@ -168,7 +171,7 @@ class Scheduler:
         # the step had spec tokens or output placeholders to verify.
         self._caches_verified_output = (
             self.kv.enable_caching
-            and self.release.caches_verified_output
+            and self._release_caches_verified_output
             and (self.num_spec_tokens > 0 or self.schedules_ahead)
         )
         self.violations: list[StepViolation] = []
@@ -288,13 +291,15 @@ class Scheduler:
         """The RUNNING loop of ``Scheduler.schedule``.
 
         It runs for every running request of every step, the reference's hottest loop:
-        the methods it calls are looked up once, and ``num_tokens`` is read off its
+        the kernel's functions are looked up once, and ``num_tokens`` is read off its
         fields rather than through the property."""
         state, kernel = self.state, self.kernel
         running, requests = state.running, state.requests
         max_model_len = self.config.max_model_len
-        grant, allocate_slots, take = kernel.grant, self.kv.allocate_slots, kernel.take
-        split = self.kv.block_aligned_split()
+        # The KV manager's methods are called on it: the compiled build dispatches them
+        # natively (a method looked up into a local is a generic call there).
+        grant, take, kv = kernel.grant, kernel.take, self.kv
+        split = kv.block_aligned_split()
         scheduled = step.scheduled
         # The ledger lives in locals while the loop runs; step holds it across calls.
         token_budget, input_budget = step.token_budget, step.input_budget
@@ -339,7 +344,7 @@ class Scheduler:
             if (
                 computed + q > request.kv_slots_covered
                 or computed - request.num_in_flight_tokens >= request.kv_skip_horizon
-            ) and not allocate_slots(state, request, q):
+            ) and not kv.allocate_slots(state, request, q):
                 # Preempting a request scheduled earlier in this step refunds its charge.
                 step.token_budget, step.input_budget = token_budget, input_budget
                 allocated, index = self._allocate_or_preempt(step, request, q, index)
@@ -430,8 +435,8 @@ class Scheduler:
         k = self.num_spec_tokens
         # Only running requests are scheduled so far: vLLM's ``scheduled_running_reqs``.
         running_scheduled = bool(step.scheduled)
-        get_computed_blocks = self.kv.get_computed_blocks
-        split = self.kv.block_aligned_split()
+        kv = self.kv
+        split = kv.block_aligned_split()
         skipped: list[str] = []
         while state.waiting and not kernel.exhausted(step.token_budget, step.input_budget):
             if len(state.running) >= kernel.max_active_requests:
@@ -445,7 +450,7 @@ class Scheduler:
             room = kernel.room(step.token_budget, step.input_budget)
             # A request starts at its cache hit (none without prefix caching): a
             # full hit leaves it one token, padded below as any one-token decode.
-            hit, computed = get_computed_blocks(state, request)
+            hit, computed = kv.get_computed_blocks(state, request)
             need = request.num_tokens - computed
             padded = False
             # Scheduler.schedule's pad_spec_decode: a new one-token decode joins a decode
@@ -484,7 +489,7 @@ class Scheduler:
                     # vLLM drops the padding rather than shorten it.
                     q, padded = 1, False
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
-            if not self.kv.full_sequence_fits(state, request, hit) or not self.kv.allocate_slots(
+            if not kv.full_sequence_fits(state, request, hit) or not kv.allocate_slots(
                 state, request, q, hit
             ):
                 break

@@ -1,6 +1,10 @@
 """What every test run shares: under ``CI=true`` (set by .ci/run) a skipped test is a
 failure; and the test scheduler plugin, importable by its path as a user's plugin is.
 
+The tests run the reference's sources, never its compiled build (reference/compiled.py):
+a test may plant a difference in a method, which compiled callers would not see. That the
+build decides as the sources do is a test of its own (test_compiled_build.py).
+
 A skip says a check did not run: a live test without vLLM, a test whose module could not
 be collected. Outside CI that is a fair answer on a machine without vLLM; in CI it would
 count as a pass for a check that never ran, so every skip, at collection or in a test, is
@@ -15,6 +19,10 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+
+# Before any test module imports the reference; inherited by the CLI runs and the fuzz's
+# worker processes the tests start.
+os.environ["DUALBUDGET_INTERPRETED"] = "1"
 
 
 def _in_ci() -> bool:

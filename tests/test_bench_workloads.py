@@ -2,7 +2,7 @@
 a hybrid layout among them), and what makes the reference's caching path fast changes no
 decision: the caching managers' ``kv_slots_covered`` / ``kv_skip_horizon`` promise (single
 group and hybrid), which lets the scheduler skip ``allocate_slots`` and ``cache_blocks``
-calls that would do nothing, and the packed block hash chain."""
+calls that would do nothing, and the block hash chain."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def test_the_caching_promise_changes_no_decision() -> None:
         assert sum(o.get(event, 0) > 0 for o in observed) >= 3, event
 
 
-def test_the_packed_chain_is_one_chain() -> None:
+def test_the_hash_chain_is_one_chain() -> None:
     ids = list(range(20, 61))
     hashes = hash_blocks(None, ids, 8, lookahead=1)
     assert len(hashes) == 5  # 40 of the 41 ids, the 41st after the fifth block
@@ -171,7 +171,7 @@ def test_the_packed_chain_is_one_chain() -> None:
     assert hash_blocks(None, [99, *ids[1:]], 8, lookahead=1)[4] != hashes[4]
 
 
-def test_ids_too_large_to_pack_are_hashed_as_text() -> None:
+def test_ids_past_64_bits_are_hashed() -> None:
     huge = [2**64 + i for i in range(8)]
     hashes = hash_blocks(None, huge, 4)
     assert len(hashes) == 2 and len(set(hashes)) == 2

@@ -1,0 +1,41 @@
+"""The build. pyproject.toml declares the package; this adds, with DUALBUDGET_MYPYC=1, the
+reference's scheduling loop compiled by mypyc (docs/reference.md, "The compiled build").
+Without it the wheel is pure Python, for every supported interpreter."""
+
+from __future__ import annotations
+
+import os
+import runpy
+from pathlib import Path
+
+from setuptools import setup
+
+REFERENCE = Path(__file__).resolve().parent / "reference"
+
+choice = os.environ.get("DUALBUDGET_MYPYC", "0")
+if choice not in ("0", "1"):
+    raise SystemExit(f"setup.py: DUALBUDGET_MYPYC={choice!r}: set it to 1 (compile) or 0")
+if choice == "1":
+    # By path: the package cannot be imported before it is built.
+    compiled = runpy.run_path(str(REFERENCE / "compiled.py"))
+    try:
+        from mypyc.build import mypycify
+    except ImportError as err:
+        raise SystemExit(
+            "setup.py: DUALBUDGET_MYPYC=1 needs mypy (requirements/dev.lock) where the"
+            " package is built: pip install --no-build-isolation"
+        ) from err
+    # An earlier build's modules go first: one no longer compiled would shadow its source.
+    for name in compiled["extension_modules"](REFERENCE):
+        for path in REFERENCE.glob(f"{name}.*"):
+            if path.suffix in (".so", ".pyd"):
+                path.unlink()
+    compiled["write_digests"](REFERENCE)
+    setup(
+        ext_modules=mypycify(
+            [f"dualbudget/reference/{name}.py" for name in compiled["COMPILED_MODULES"]],
+            group_name=f"dualbudget.reference.{compiled['GROUP']}",
+        )
+    )
+else:
+    setup()

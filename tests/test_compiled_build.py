@@ -1,0 +1,126 @@
+"""The reference's compiled build (reference/compiled.py): it decides as its sources do,
+and a build that is not theirs (stale, partial, holding modules no longer compiled) is
+refused by name, never run."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualbudget.reference import compiled
+from dualbudget.reference.compiled import (
+    COMPILED_MODULES,
+    GROUP,
+    INTERPRETED,
+    CompiledBuildError,
+    build_name,
+    extension_modules,
+    select,
+    write_digests,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def test_the_suite_runs_the_sources() -> None:
+    # tests/conftest.py: a planted difference must reach every caller.
+    assert os.environ[INTERPRETED] == "1"
+    assert build_name() == "interpreted"
+
+
+def _runs(interpreted: str) -> dict[str, Any]:
+    env = {**os.environ, INTERPRETED: interpreted}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.compiled_runs"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_the_compiled_build_decides_as_the_sources_do() -> None:
+    if not extension_modules(compiled.FOLDER):
+        pytest.skip(
+            "no compiled build in this checkout (DUALBUDGET_MYPYC=1 pip install"
+            " --no-build-isolation -e ., as scripts/lib.sh's ensure_core_env does)"
+        )
+    built, sources = _runs("0"), _runs("1")
+    assert (built["build"], sources["build"]) == ("mypyc", "interpreted")
+    # Every step's record, free blocks and counters, stream by stream, and every replay.
+    assert len(built["runs"]) == len(sources["runs"]) > 200
+    for index, (mine, theirs) in enumerate(zip(built["runs"], sources["runs"], strict=True)):
+        assert mine == theirs, f"scenario {index} of tests/compiled_runs.py"
+    assert built["traces"] == sources["traces"]
+    assert all(trace["steps_checked"] > 0 for trace in built["traces"])
+
+
+@pytest.fixture
+def fake_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder holding the compiled modules' sources and a complete build of them (empty
+    files named as extension modules: ``select`` reads names and digests, never code)."""
+    for name in COMPILED_MODULES:
+        (tmp_path / f"{name}.py").write_text(f"NAME = {name!r}\n")
+        (tmp_path / f"{name}{SUFFIX}").write_bytes(b"")
+    (tmp_path / f"{GROUP}__mypyc{SUFFIX}").write_bytes(b"")
+    write_digests(tmp_path)
+    monkeypatch.setenv(INTERPRETED, "0")
+    return tmp_path
+
+
+def test_a_build_of_the_sources_is_taken(fake_build: Path) -> None:
+    before = list(sys.meta_path)
+    select("fake", fake_build)
+    assert sys.meta_path == before
+
+
+def test_a_build_of_other_sources_is_refused(fake_build: Path) -> None:
+    (fake_build / "kv.py").write_text("NAME = 'kv, edited'\n")
+    with pytest.raises(CompiledBuildError, match=r"compiled from other sources of kv\.py"):
+        select("fake", fake_build)
+
+
+def test_a_partial_build_is_refused(fake_build: Path) -> None:
+    (fake_build / f"scheduler{SUFFIX}").unlink()
+    with pytest.raises(CompiledBuildError, match="lacks scheduler"):
+        select("fake", fake_build)
+
+
+def test_a_build_holding_a_module_no_longer_compiled_is_refused(fake_build: Path) -> None:
+    (fake_build / f"events{SUFFIX}").write_bytes(b"")
+    with pytest.raises(CompiledBuildError, match=r"not compiled any more \(events\)"):
+        select("fake", fake_build)
+
+
+def test_a_build_without_its_digests_is_refused(fake_build: Path) -> None:
+    (fake_build / compiled.DIGESTS_FILE).unlink()
+    with pytest.raises(CompiledBuildError, match="compiled from other sources"):
+        select("fake", fake_build)
+
+
+def test_the_sources_are_run_on_request(fake_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stale build stands aside when the sources are asked for.
+    (fake_build / "kv.py").write_text("NAME = 'kv, edited'\n")
+    monkeypatch.setenv(INTERPRETED, "1")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    select("fake", fake_build)
+    spec = sys.meta_path[0].find_spec("fake.kv", None)
+    assert spec is not None and spec.origin == str(fake_build / "kv.py")
+    assert sys.meta_path[0].find_spec("fake.trace", None) is None
+
+
+def test_an_unknown_choice_is_refused(fake_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(INTERPRETED, "yes")
+    with pytest.raises(CompiledBuildError, match=f"{INTERPRETED}='yes'"):
+        select("fake", fake_build)
