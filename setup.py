@@ -26,10 +26,8 @@ if choice == "1":
             " package is built: pip install --no-build-isolation"
         ) from err
     # An earlier build's modules go first: one no longer compiled would shadow its source.
-    for name in compiled["extension_modules"](REFERENCE):
-        for path in REFERENCE.glob(f"{name}.*"):
-            if path.suffix in (".so", ".pyd"):
-                path.unlink()
+    for path in compiled["extension_files"](REFERENCE).values():
+        path.unlink()
     compiled["write_digests"](REFERENCE)
     setup(
         ext_modules=mypycify(

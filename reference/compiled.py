@@ -80,17 +80,22 @@ def _recorded_digests(folder: Path) -> dict[str, str]:
     return recorded
 
 
-def extension_modules(folder: Path) -> list[str]:
-    """The modules of ``folder`` built for this interpreter (extension modules)."""
+def extension_files(folder: Path) -> dict[str, Path]:
+    """The modules of ``folder`` built for this interpreter (extension modules), by name."""
     # Most specific first (``.cpython-311-...so`` before ``.so``), as the import system
     # tries them: each file is named by the first that fits.
     suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    names = []
+    found = {}
     for path in folder.iterdir():
         suffix = next((s for s in suffixes if path.name.endswith(s)), None)
         if suffix is not None:
-            names.append(path.name[: -len(suffix)])
-    return sorted(names)
+            found[path.name[: -len(suffix)]] = path
+    return found
+
+
+def extension_modules(folder: Path) -> list[str]:
+    """The names of ``extension_files``, sorted."""
+    return sorted(extension_files(folder))
 
 
 def interpreted_requested() -> bool:
@@ -158,9 +163,6 @@ def _build_problem(folder: Path, built: list[str]) -> str | None:
 
 def build_name() -> str:
     """``mypyc`` where the reference runs its compiled build, else ``interpreted``."""
-    scheduler = sys.modules.get(f"{__package__}.scheduler")
-    if scheduler is None:
-        scheduler = importlib.import_module(f"{__package__}.scheduler")
-    file = scheduler.__file__ or ""
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    return "mypyc" if file.endswith(suffixes) else "interpreted"
+    scheduler = importlib.import_module(f"{__package__}.scheduler")
+    compiled = isinstance(scheduler.__loader__, importlib.machinery.ExtensionFileLoader)
+    return "mypyc" if compiled else "interpreted"

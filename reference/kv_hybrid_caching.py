@@ -52,14 +52,13 @@ the group reserves just before the running state's, keyed there (``_cache_checkp
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from typing import Final
 
 from .events import AddRequest, ModelOutput
 from .kv import NO_HIT, PrefixCachingKVCacheManager, cdiv
 from .kv_hybrid import HybridKVCacheManager
 from .kv_single_type import (
+    UNBOUNDED,
     ChunkedLocalAttentionManager,
     FullAttentionManager,
     MambaAlignManager,
@@ -72,10 +71,6 @@ from .violations import UnmirroredVllmCrash
 
 NULL_BLOCK = 0
 """``BlockPool.null_block``'s id: the place of a freed or skipped block."""
-
-UNBOUNDED: Final = sys.maxsize
-"""A promise or horizon nothing reaches (a constant of the module: the compiled build
-reads it without looking ``sys`` up)."""
 
 
 def group_key(block_hash: str, group: int) -> str:

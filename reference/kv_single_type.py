@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from dualbudget.spec.config import EngineConfig, KVGroup
 
@@ -22,6 +22,10 @@ from .kv import cdiv
 from .state import GroupBlocks
 
 T = TypeVar("T")
+
+UNBOUNDED: Final = sys.maxsize
+"""A promise or horizon nothing reaches (a constant of the module: the compiled build
+reads it without looking ``sys`` up)."""
 """A block table's entry: a bool (real or null) or a pool block id (0: the null block)."""
 
 
@@ -49,8 +53,8 @@ class FullAttentionManager:
         """The fewest processed computed tokens whose skipped tokens fill ``num_blocks``
         blocks (``num_skipped_tokens`` inverted, block-wise): below it
         ``remove_skipped_blocks`` frees no block past the first ``num_blocks - 1``
-        places. Skipping nothing, never (the largest int)."""
-        return sys.maxsize
+        places. Skipping nothing, never."""
+        return UNBOUNDED
 
     def skip_places(
         self, blocks: GroupBlocks, table: list[T], null: T, processed_computed_tokens: int
