@@ -4,8 +4,10 @@ Without it the wheel is pure Python, for every supported interpreter."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -25,9 +27,16 @@ if choice == "1":
             "setup.py: DUALBUDGET_MYPYC=1 needs mypy (requirements/dev.lock) where the"
             " package is built: pip install --no-build-isolation"
         ) from err
-    # An earlier build's modules go first: one no longer compiled would shadow its source.
+    # An earlier build's modules go first: one no longer compiled would shadow its source
+    # (and, stale, would refuse the import of the package below).
     for path in compiled["extension_files"](REFERENCE).values():
         path.unlink()
+    # The kernel classes are written from the stored templates by the package's own code,
+    # imported from this checkout, as pure Python now that no build is beside it.
+    sys.path.insert(0, str(REFERENCE.parent))
+    budget_kernel = importlib.import_module("dualbudget.reference.budget_kernel")
+    kernels = REFERENCE / f"{compiled['KERNELS_MODULE']}.py"
+    kernels.write_text(budget_kernel.kernel_module_source())
     compiled["write_digests"](REFERENCE)
     setup(
         ext_modules=mypycify(

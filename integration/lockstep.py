@@ -40,53 +40,16 @@ from dualbudget.reference.scenario import (
     dump_scenario,
     validate,
 )
-from dualbudget.reference.scheduler import UnmirroredVllmCrash
+from dualbudget.reference.scheduler import GrantCounts, UnmirroredVllmCrash
 from dualbudget.reference.state import SchedulerState
 from dualbudget.reference.violations import StepViolation
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
-from dualbudget.spec.kernel import BudgetKernel
 from dualbudget.spec.profiles import profile_named
 
 from .coverage import EVENT_NAMES
 from .live import LiveScheduler, Unsupported
 from .monitor import Monitor, MonitorViolation, Wanted, readable, step_seen, wanted_before
-
-
-class KernelCounters:
-    """Counts what the reference asks of its budget kernel (``spec.kernel``); decides
-    nothing itself: ``kernel`` is the reference's own, its answers passed through.
-
-    ``input_bound``: grants cut below ``min(need, token_budget)``, i.e. by the
-    draft/input budget. ``refunds``: refunds of a request already scheduled this step
-    (the kernel's ``give_back``, which only that preemption calls). ``bound_after_refund``
-    and ``token_bound``: grants cut below ``need`` after a refund of the same step, and
-    grants cut to exactly the token budget; the lockstep reads and clears the step's
-    (``refunded`` marks a refund in the step so far).
-    """
-
-    def __init__(self, kernel: BudgetKernel) -> None:
-        self.input_bound = 0
-        self.refunds = 0
-        self.bound_after_refund = 0
-        self.token_bound = 0
-        self.refunded = False
-        self._grant, self._give_back = kernel.grant, kernel.give_back
-        self.kernel = dataclasses.replace(kernel, grant=self.grant, give_back=self.give_back)
-
-    def grant(self, token_budget: int, input_budget: int, need: int) -> int:
-        q = self._grant(token_budget, input_budget, need)
-        if q < min(need, token_budget):
-            self.input_bound += 1
-        if q < need:
-            self.bound_after_refund += self.refunded
-            self.token_bound += q == token_budget
-        return q
-
-    def give_back(self, token_budget: int, input_budget: int, q: int) -> tuple[int, int]:
-        self.refunds += 1
-        self.refunded = True
-        return self._give_back(token_budget, input_budget, q)
 
 
 @dataclass
@@ -327,8 +290,6 @@ class Lockstep(LiveRun):
                 f"refuses: {ref_error}" if ref_error else "accepts",
                 f"refuses: {live_error}" if live_error else "accepts",
             )
-        self.counters = KernelCounters(self.reference.kernel)
-        self.reference.kernel = self.counters.kernel
         self.watch(self.live)
 
     @property
@@ -400,7 +361,7 @@ class Lockstep(LiveRun):
             )
             for rid in state.running
         }
-        input_bound, refunds = self.counters.input_bound, self.counters.refunds
+        grants = dataclasses.replace(self.reference.grants)
         ref_error = live_error = None
         crash = None
         record = live = None
@@ -435,7 +396,7 @@ class Lockstep(LiveRun):
                 self.live.num_free_blocks,
                 record.step,
             )
-        self._count(record, before, input_bound, refunds)
+        self._count(record, before, grants)
         self.coverage.update(self.reference.observed)
         return record
 
@@ -443,21 +404,19 @@ class Lockstep(LiveRun):
         self,
         record: StepRecord,
         before: dict[str, tuple[int, int]],
-        input_bound: int,
-        refunds: int,
+        grants: GrantCounts,
     ) -> None:
-        cov, state = self.coverage, self.reference.state
-        cov["input_budget_bound"] += self.counters.input_bound > input_bound
-        cov["preempt_scheduled"] += self.counters.refunds - refunds
+        """The step's events counted here; ``grants`` is the reference's ``GrantCounts``
+        before the step."""
+        cov, state, now = self.coverage, self.reference.state, self.reference.grants
+        cov["input_budget_bound"] += now.cut_by_input_budget > grants.cut_by_input_budget
+        cov["preempt_scheduled"] += now.refunds - grants.refunds
         cov["preemption"] += len(record.preempted)
         cov["padded_decode"] += len(state.last_padded)
-        counters = self.counters
-        cov["bound_after_refund"] += counters.bound_after_refund
-        token_budget, input_budget = counters.kernel.opened
+        cov["bound_after_refund"] += now.cut_after_refund - grants.cut_after_refund
+        token_budget, input_budget = self.reference.kernel.opened
         if token_budget < input_budget:
-            cov["token_budget_bound"] += counters.token_bound
-        counters.bound_after_refund = counters.token_bound = 0
-        counters.refunded = False
+            cov["token_budget_bound"] += now.cut_to_token_budget - grants.cut_to_token_budget
         limit = self.config.max_model_len
         for rid, q in record.num_scheduled_tokens.items():
             request = state.requests[rid]

@@ -98,7 +98,7 @@ def book_formulas(
         ],
         "give_back": [charged.ledger.token_budget, charged.ledger.input_budget],
     }
-    assert tuple(formulas) == tuple(name for name, _ in KERNEL_FUNCTIONS)
+    assert tuple(formulas) == tuple(function.name for function in KERNEL_FUNCTIONS)
     return formulas
 
 
@@ -107,7 +107,7 @@ def template(policy: Policy, layout: MethodLayout) -> str:
     symbols = book_symbols()
     formulas = book_formulas(policy, layout, symbols)
     return "\n\n".join(
-        function_source(name, list(args), formulas[name]) for name, args in KERNEL_FUNCTIONS
+        function_source(name, list(args), formulas[name]) for name, args, _ in KERNEL_FUNCTIONS
     )
 
 

@@ -37,7 +37,7 @@ def read_template(template: str, symbols: BookSymbols) -> dict[str, list[Any]]:
         tree = ast.parse(source)
     except (KeyError, ValueError, SyntaxError) as err:
         raise UnreadableSource(f"not a kernel template: {err}") from None
-    wanted = dict(KERNEL_FUNCTIONS)
+    wanted = {function.name: function.args for function in KERNEL_FUNCTIONS}
     out: dict[str, list[Any]] = {}
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef):

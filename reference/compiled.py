@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+KERNELS_MODULE = "budget_kernels"
+"""The one compiled module with no source in the repository: the budget kernel's classes,
+which ``setup.py`` writes from ``budget_kernel.kernel_module_source`` before it compiles."""
+
 COMPILED_MODULES = (
+    "budget_kernel",
+    KERNELS_MODULE,
     "state",
     "prefix_cache",
     "kv",
@@ -30,9 +36,14 @@ COMPILED_MODULES = (
     "scheduler",
     "async_scheduler",
 )
-"""The modules of ``dualbudget.reference`` that mypyc compiles: the scheduling loop, the KV
-managers and the state they change. A compiled module calls the others natively, so the
-build is all of them or none."""
+"""The modules of ``dualbudget.reference`` that mypyc compiles: the scheduling loop, its
+budget kernel, the KV managers and the state they change. A compiled module calls the
+others natively, so the build is all of them or none."""
+
+BUILD_INPUTS = ("../spec/compiled_book.py", "../spec/kernel.py")
+"""Files beside the package's folder that ``KERNELS_MODULE`` is written from: the stored
+templates and the interface the methods are typed by. The build records their digests too,
+so that a template changed since the build refuses it as an edited source does."""
 
 GROUP = "native"
 """The build's shared library, ``dualbudget.reference.native__mypyc``: the code of every
@@ -56,16 +67,19 @@ class CompiledBuildError(ImportError):
 
 
 def source_digests(folder: Path) -> dict[str, str]:
-    """The SHA-256 of each compiled module's source in ``folder``."""
+    """The SHA-256 of each compiled module's source in ``folder`` and of each of the
+    ``BUILD_INPUTS``, by path relative to ``folder``; a file that is not there has none."""
+    sources = [f"{name}.py" for name in COMPILED_MODULES] + list(BUILD_INPUTS)
     return {
-        name: hashlib.sha256((folder / f"{name}.py").read_bytes()).hexdigest()
-        for name in COMPILED_MODULES
+        source: hashlib.sha256((folder / source).read_bytes()).hexdigest()
+        for source in sources
+        if (folder / source).exists()
     }
 
 
 def write_digests(folder: Path) -> None:
     """Record what the build about to be compiled is compiled from (``setup.py``)."""
-    lines = [f"{digest}  {name}.py\n" for name, digest in source_digests(folder).items()]
+    lines = [f"{digest}  {source}\n" for source, digest in source_digests(folder).items()]
     (folder / DIGESTS_FILE).write_text("".join(lines))
 
 
@@ -76,7 +90,7 @@ def _recorded_digests(folder: Path) -> dict[str, str]:
     recorded = {}
     for line in path.read_text().splitlines():
         digest, _, source = line.partition("  ")
-        recorded[source.removesuffix(".py")] = digest
+        recorded[source] = digest
     return recorded
 
 
@@ -154,10 +168,14 @@ def _build_problem(folder: Path, built: list[str]) -> str | None:
     if missing:
         return f"lacks {', '.join(missing)}"
     recorded, current = _recorded_digests(folder), source_digests(folder)
-    stale = [name for name in COMPILED_MODULES if recorded.get(name) != current[name]]
+    sources = [f"{name}.py" for name in COMPILED_MODULES] + list(BUILD_INPUTS)
+    stale = [
+        source
+        for source in sources
+        if source not in current or recorded.get(source) != current[source]
+    ]
     if stale:
-        sources = ", ".join(f"{name}.py" for name in stale)
-        return f"was compiled from other sources of {sources} than the ones there"
+        return f"was compiled from other sources of {', '.join(stale)} than the ones there"
     return None
 
 

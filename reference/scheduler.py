@@ -25,11 +25,11 @@ from typing import Any, ClassVar
 
 from dualbudget.spec.config import EngineConfig, check_engine_config
 from dualbudget.spec.invariants import StepTotals, step_totals, step_violations
-from dualbudget.spec.kernel import compile_kernel
 from dualbudget.spec.policies import Ledger, StepParams
 from dualbudget.spec.profiles import Profile
 
 from . import kv
+from .budget_kernel import Kernel, kernel_for
 from .events import (
     Abort,
     AddRequest,
@@ -116,6 +116,23 @@ class OpenStep:
     padded: list[str]
     preempted: list[str]
     prefill_scheduled: bool = False
+    refunded: bool = False
+    """Whether a request scheduled earlier in the step was preempted and refunded."""
+
+
+@dataclass(slots=True)
+class GrantCounts:
+    """What the budget kernel answered, counted as the loop asks it, so that the fuzz's
+    budget coverage events (``integration/lockstep.py``) need not wrap the kernel."""
+
+    cut_by_input_budget: int = 0
+    """Grants below ``min(need, token_budget)``: what cut them is the input budget."""
+    cut_to_token_budget: int = 0
+    """Grants below ``need`` that are exactly the token budget."""
+    cut_after_refund: int = 0
+    """Grants below ``need`` after a refund earlier in the same step."""
+    refunds: int = 0
+    """Refunds of a request preempted after it was scheduled in the same step."""
 
 
 class Scheduler:
@@ -151,8 +168,10 @@ class Scheduler:
         self.policy = profile.policy
         self.params = StepParams.of(config)
         # The book's transitions (and the policy's rules under them) on this config,
-        # compiled from the formulas the proofs check: see spec/kernel.py.
-        self.kernel = compile_kernel(self.policy, self.params)
+        # compiled from the formulas the proofs check: see spec/kernel.py and
+        # budget_kernel.py.
+        self.kernel: Kernel = kernel_for(self.policy, self.params)
+        self.grants = GrantCounts()
         # The spec's charge and C(q) per q, for the contract check of every step.
         self._per_q: dict[int, tuple[int, int, int]] = {}
         self.check: CheckMode = check
@@ -296,9 +315,9 @@ class Scheduler:
         state, kernel = self.state, self.kernel
         running, requests = state.running, state.requests
         max_model_len = self.config.max_model_len
-        # The KV manager's methods are called on it: the compiled build dispatches them
-        # natively (a method looked up into a local is a generic call there).
-        grant, take, kv = kernel.grant, kernel.take, self.kv
+        # The kernel's and the KV manager's methods are called on them: the compiled build
+        # dispatches them natively (a method looked up into a local is a generic call there).
+        kv = self.kv
         split = kv.block_aligned_split()
         scheduled = step.scheduled
         # The ledger lives in locals while the loop runs; step holds it across calls.
@@ -326,7 +345,9 @@ class Scheduler:
             need = num_tokens + drafts + placeholders - computed
             if 0 < threshold < need:
                 need = threshold
-            q = grant(token_budget, input_budget, need)
+            q = kernel.grant(token_budget, input_budget, need)
+            if q < need:
+                self._count_cut(step, token_budget, q)
             # The position cap vLLM applies for spec decoding: keep one slot for the
             # sampled token below max_model_len.
             cap = cap_base - computed
@@ -362,7 +383,7 @@ class Scheduler:
                         continue
                     break
             # The policy's charge for q tokens, and the book's entry of it.
-            token_budget, input_budget, done = take(token_budget, input_budget, q)
+            token_budget, input_budget, done = kernel.take(token_budget, input_budget, q)
             scheduled[rid] = q
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
@@ -397,6 +418,8 @@ class Scheduler:
                 step.token_budget, step.input_budget = self.kernel.give_back(
                     step.token_budget, step.input_budget, charged_for
                 )
+                step.refunded = True
+                self.grants.refunds += 1
                 step.spec.pop(victim.request_id, None)
             self._preempt(victim)
             step.preempted.append(victim.request_id)
@@ -471,6 +494,8 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and need > room:
                 break
             q = kernel.grant(step.token_budget, step.input_budget, need)
+            if q < need:
+                self._count_cut(step, step.token_budget, q)
             if q <= 0:
                 # Unreachable in the subset (the loop guard leaves room >= 1); mirrored for
                 # the branch's sake.
@@ -519,6 +544,16 @@ class Scheduler:
                 step.padded.append(request.request_id)
         # Requests skipped this step go back to the front, in their order.
         state.waiting[:0] = skipped
+
+    def _count_cut(self, step: OpenStep, token_budget: int, q: int) -> None:
+        """A grant of ``q`` tokens short of the need, in ``GrantCounts``."""
+        grants = self.grants
+        if q < token_budget:
+            grants.cut_by_input_budget += 1
+        elif q == token_budget:
+            grants.cut_to_token_budget += 1
+        if step.refunded:
+            grants.cut_after_refund += 1
 
     def _count_hit(self, request: RequestState, computed: int) -> None:
         """An admission with a cache hit, in ``OBSERVED``'s prefix-caching counters."""

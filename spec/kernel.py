@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .compiled_book import TEMPLATES
 from .methods import MethodLayout
@@ -43,14 +43,25 @@ PARAMS = (
     "max_num_seqs",
     "num_speculative_tokens",
 )
-KERNEL_FUNCTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("exhausted", (TOKEN_BUDGET, INPUT_BUDGET)),
-    ("room", (TOKEN_BUDGET, INPUT_BUDGET)),
-    ("grant", (TOKEN_BUDGET, INPUT_BUDGET, NEED)),
-    ("take", (TOKEN_BUDGET, INPUT_BUDGET, Q)),
-    ("give_back", (TOKEN_BUDGET, INPUT_BUDGET, Q)),
+
+
+class KernelFunction(NamedTuple):
+    """One function of a template: its name, its arguments (all ints) and the type of
+    what it returns, as an annotation."""
+
+    name: str
+    args: tuple[str, ...]
+    returns: str
+
+
+KERNEL_FUNCTIONS: tuple[KernelFunction, ...] = (
+    KernelFunction("exhausted", (TOKEN_BUDGET, INPUT_BUDGET), "bool"),
+    KernelFunction("room", (TOKEN_BUDGET, INPUT_BUDGET), "int"),
+    KernelFunction("grant", (TOKEN_BUDGET, INPUT_BUDGET, NEED), "int"),
+    KernelFunction("take", (TOKEN_BUDGET, INPUT_BUDGET, Q), "tuple[int, int, bool]"),
+    KernelFunction("give_back", (TOKEN_BUDGET, INPUT_BUDGET, Q), "tuple[int, int]"),
 )
-"""Each compiled function with its arguments: the interface of a template."""
+"""The interface of a template: each compiled function, its arguments and its result."""
 
 
 @dataclass(frozen=True)
@@ -126,11 +137,17 @@ def template_key(policy: Policy, layout: MethodLayout) -> TemplateKey:
 
 def _template(policy: Policy, p: StepParams) -> str:
     """The stored template of the spec's ``policy`` on ``p``'s layout."""
-    template = TEMPLATES.get(template_key(policy, p.layout))
-    if template is None or POLICY_TYPES.get(policy.name) is not type(policy):
+    return TEMPLATES[stored_template_key(policy, p)]
+
+
+def stored_template_key(policy: Policy, p: StepParams) -> TemplateKey:
+    """The key of the stored template of the spec's ``policy`` on ``p``'s layout; refuses a
+    policy that is not the spec's, or a layout the generated module holds none for."""
+    key = template_key(policy, p.layout)
+    if key not in TEMPLATES or POLICY_TYPES.get(policy.name) is not type(policy):
         raise NoCompiledBook(
             f"no compiled book for policy {policy!r} on layout {p.layout.name!r}: only the"
             " spec's policies on its profiles' release columns are compiled"
             " (proofs/compile_book.py)"
         )
-    return template
+    return key

@@ -16,6 +16,7 @@ import pytest
 
 from dualbudget.reference import compiled
 from dualbudget.reference.compiled import (
+    BUILD_INPUTS,
     COMPILED_MODULES,
     GROUP,
     INTERPRETED,
@@ -68,15 +69,21 @@ def test_the_compiled_build_decides_as_the_sources_do() -> None:
 
 @pytest.fixture
 def fake_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder holding the compiled modules' sources and a complete build of them (empty
-    files named as extension modules: ``select`` reads names and digests, never code)."""
+    """A folder holding the compiled modules' sources, the build's inputs beside it and a
+    complete build of them (empty files named as extension modules: ``select`` reads
+    names and digests, never code)."""
+    folder = tmp_path / "reference"
+    folder.mkdir()
     for name in COMPILED_MODULES:
-        (tmp_path / f"{name}.py").write_text(f"NAME = {name!r}\n")
-        (tmp_path / f"{name}{SUFFIX}").write_bytes(b"")
-    (tmp_path / f"{GROUP}__mypyc{SUFFIX}").write_bytes(b"")
-    write_digests(tmp_path)
+        (folder / f"{name}.py").write_text(f"NAME = {name!r}\n")
+        (folder / f"{name}{SUFFIX}").write_bytes(b"")
+    for source in BUILD_INPUTS:
+        (folder / source).parent.mkdir(exist_ok=True)
+        (folder / source).write_text(f"SOURCE = {source!r}\n")
+    (folder / f"{GROUP}__mypyc{SUFFIX}").write_bytes(b"")
+    write_digests(folder)
     monkeypatch.setenv(INTERPRETED, "0")
-    return tmp_path
+    return folder
 
 
 def test_a_build_of_the_sources_is_taken(fake_build: Path) -> None:
@@ -88,6 +95,14 @@ def test_a_build_of_the_sources_is_taken(fake_build: Path) -> None:
 def test_a_build_of_other_sources_is_refused(fake_build: Path) -> None:
     (fake_build / "kv.py").write_text("NAME = 'kv, edited'\n")
     with pytest.raises(CompiledBuildError, match=r"compiled from other sources of kv\.py"):
+        select("fake", fake_build)
+
+
+def test_a_build_of_other_kernel_templates_is_refused(fake_build: Path) -> None:
+    # The kernel classes are written from the stored templates: a template changed since
+    # the build makes it stale, although no compiled module's own source changed.
+    (fake_build / "../spec/compiled_book.py").write_text("TEMPLATES = {}\n")
+    with pytest.raises(CompiledBuildError, match=r"other sources of \.\./spec/compiled_book\.py"):
         select("fake", fake_build)
 
 

@@ -12,7 +12,6 @@ tests/test_contract.py; the table of docs/design.md §2 maps each item to both.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from dualbudget.reference.driver import ScenarioRun
@@ -20,6 +19,7 @@ from dualbudget.reference.events import StepRecord
 from dualbudget.reference.scenario import parse_scenario
 from dualbudget.spec.invariants import dominates, one_more_token_fits
 from dualbudget.spec.policies import StepParams
+from tests.planted import planted_kernel
 
 
 def _prompts(*lengths: int) -> list[dict[str, Any]]:
@@ -56,10 +56,10 @@ def _run(
     scenario: dict[str, Any], max_steps: int | None = 1, **planted: Any
 ) -> tuple[ScenarioRun, list[StepRecord]]:
     """The reference on ``scenario``, its contract check collecting; ``planted`` replaces
-    functions of the compiled budget kernel it runs (``spec.kernel.BudgetKernel``)."""
+    methods of the budget kernel it runs (``reference.budget_kernel.Kernel``)."""
     run = ScenarioRun(parse_scenario(scenario), max_steps=max_steps, check="collect")
     if planted:
-        run.scheduler.kernel = dataclasses.replace(run.scheduler.kernel, **planted)
+        run.scheduler.kernel = planted_kernel(run.scheduler.kernel, **planted)
     return run, list(run.records())
 
 

@@ -1,10 +1,9 @@
-"""The lockstep's coverage counters read the reference's budget kernel (no vLLM needed):
-a grant cut by the input budget, and the refund of a request preempted after it was
-scheduled in the same step, are each counted, and counting changes no decision."""
+"""The counts of the reference's grants that the lockstep's budget coverage events read
+(``Scheduler.grants``; no vLLM needed): a grant cut by the input budget, and the refund of
+a request preempted after it was scheduled in the same step, are each counted."""
 
 from __future__ import annotations
 
-from dualbudget.integration.lockstep import KernelCounters
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
@@ -28,11 +27,9 @@ def test_a_grant_cut_by_the_input_budget_is_counted() -> None:
     # min(token_budget 16, input_budget 16 - 3) = 13 tokens, cut by the input budget.
     config = EngineConfig(16, 4, 64, 4, 64, speculative_config=SpeculativeConfig("dflash", 3, True))
     scheduler = Scheduler(config, profile_named("vllm-0.32"), check="raise")
-    counters = KernelCounters(scheduler.kernel)
-    scheduler.kernel = counters.kernel
     scheduler.handle(AddRequest("0", 40, 4))
     assert _step(scheduler).num_scheduled_tokens == {"0": 13}
-    assert (counters.input_bound, counters.refunds) == (1, 0)
+    assert (scheduler.grants.cut_by_input_budget, scheduler.grants.refunds) == (1, 0)
 
 
 def test_the_refund_of_a_request_scheduled_earlier_in_the_step_is_counted() -> None:
@@ -40,16 +37,14 @@ def test_the_refund_of_a_request_scheduled_earlier_in_the_step_is_counted() -> N
     # at step 2 it is scheduled, then "1" needs a block and preempts it: a refund.
     config = EngineConfig(64, 4, 64, 4, 4, scheduling_policy="priority")
     scheduler = Scheduler(config, profile_named("vllm-0.32"), check="raise")
-    counters = KernelCounters(scheduler.kernel)
-    scheduler.kernel = counters.kernel
     scheduler.handle(AddRequest("0", 4, 10, priority=5, arrival_time=0.0))
     _step(scheduler)
     scheduler.handle(AddRequest("1", 4, 10, priority=0, arrival_time=1.0))
     _step(scheduler)
-    assert counters.refunds == 0
+    assert scheduler.grants.refunds == 0
     record = _step(scheduler)
     assert record.preempted == ["0"] and record.num_scheduled_tokens == {"1": 1}
-    assert counters.refunds == 1
+    assert scheduler.grants.refunds == 1
 
 
 def test_the_callers_draws_are_cut_into_range_and_asked_in_order() -> None:

@@ -221,13 +221,13 @@ def test_a_claimed_mutant_that_is_killed_or_missing_is_an_error() -> None:
     assert any("no such mutant" in e for e in errors)  # the other claims' mutants are absent
 
 
-def test_the_refund_path_counters_of_the_lockstep() -> None:
-    """``bound_after_refund`` and ``token_budget_bound`` as the kernel counters see them:
-    a cut grant counts after a refund of the same step only, and a grant cut to exactly
-    the token budget counts as a token bound (the lockstep keeps it where the token budget
-    opens below the input budget, and clears both per step)."""
-    from dualbudget.integration.lockstep import KernelCounters
-    from dualbudget.reference.scheduler import Scheduler
+def test_the_refund_path_counts_of_the_reference() -> None:
+    """``bound_after_refund`` and ``token_budget_bound`` as the reference counts its
+    grants (``GrantCounts``, which the lockstep reads per step): a cut grant counts after a
+    refund of the same step only, and a grant cut to exactly the token budget counts as a
+    token bound (the lockstep keeps it where the token budget opens below the input
+    budget)."""
+    from dualbudget.reference.scheduler import GrantCounts, OpenStep, Scheduler
     from dualbudget.spec.config import EngineConfig, SpeculativeConfig
     from dualbudget.spec.profiles import profile_named
 
@@ -236,15 +236,22 @@ def test_the_refund_path_counters_of_the_lockstep() -> None:
         16, 4, 64, 4, 64, max_num_scheduled_tokens=8,
         speculative_config=SpeculativeConfig("dflash", 3, True),
     )  # fmt: skip
-    kernel = Scheduler(config, profile_named("vllm-0.32"), check="raise").kernel
+    scheduler = Scheduler(config, profile_named("vllm-0.32"), check="raise")
+    kernel, step = scheduler.kernel, OpenStep(0, 8, 16, {}, {}, [], [])
     assert kernel.opened == (8, 16)
-    counters = KernelCounters(kernel)
-    assert counters.grant(8, 16, 40) == 8  # the token budget cuts it
-    assert (counters.token_bound, counters.bound_after_refund) == (1, 0)
-    assert counters.grant(8, 10, 40) == 7  # the input budget cuts it: 10 - 3
-    assert (counters.token_bound, counters.bound_after_refund, counters.input_bound) == (1, 0, 1)
-    counters.give_back(1, 3, 4)
-    assert counters.grant(8, 16, 2) == 2  # not cut: no bound after the refund
-    assert counters.bound_after_refund == 0
-    assert counters.grant(5, 16, 9) == 5  # cut after the refund
-    assert (counters.token_bound, counters.bound_after_refund) == (2, 1)
+
+    def grant(token_budget: int, input_budget: int, need: int) -> int:
+        q = kernel.grant(token_budget, input_budget, need)
+        if q < need:
+            scheduler._count_cut(step, token_budget, q)
+        return q
+
+    assert grant(8, 16, 40) == 8  # the token budget cuts it
+    assert scheduler.grants == GrantCounts(cut_to_token_budget=1)
+    assert grant(8, 10, 40) == 7  # the input budget cuts it: 10 - 3
+    assert scheduler.grants == GrantCounts(cut_by_input_budget=1, cut_to_token_budget=1)
+    step.refunded = True
+    assert grant(8, 16, 2) == 2  # not cut: no bound after the refund
+    assert scheduler.grants.cut_after_refund == 0
+    assert grant(5, 16, 9) == 5  # cut after the refund
+    assert scheduler.grants == GrantCounts(1, 2, 1)

@@ -39,6 +39,7 @@ from dualbudget.spec.releases import (
     release_named,
     release_of,
 )
+from tests.planted import planted_kernel
 from tests.prefix_cases import P_FORK, STEP, A, P, add, sample
 from tests.prefix_cases import config as prefix_config
 
@@ -270,7 +271,7 @@ def test_a_waiting_request_granted_nothing_is_requeued_or_stops_the_loop() -> No
         def refuses_five(token_budget: int, input_budget: int, need: int) -> int:
             return 0 if need == 5 else grant(token_budget, input_budget, need)
 
-        scheduler.kernel = dataclasses.replace(scheduler.kernel, grant=refuses_five)
+        scheduler.kernel = planted_kernel(scheduler.kernel, grant=refuses_five)
         record = None
         for event in events:
             record = scheduler.handle(event) or record

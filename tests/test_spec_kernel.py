@@ -29,6 +29,7 @@ from dualbudget.spec.methods import LAYOUT_NAMES, NO_SPECULATION, layout_named
 from dualbudget.spec.policies import Additive, Ledger, StepParams
 from dualbudget.spec.profiles import PROFILES, profile_named
 from dualbudget.spec.releases import VLLM_0_33
+from tests.planted import planted_kernel
 
 budgets = st.integers(min_value=-40, max_value=600)
 
@@ -167,6 +168,6 @@ def test_the_contract_check_catches_a_kernel_that_charges_wrongly() -> None:
         tb, _, _ = right_take(token_budget, input_budget, q)
         return tb, input_budget - q, tb <= 0
 
-    wrong.kernel = dataclasses.replace(wrong.kernel, take=forgets_the_slots)
+    wrong.kernel = planted_kernel(wrong.kernel, take=forgets_the_slots)
     _run(wrong)
     assert [v.contract for v in wrong.violations] == ["C2"]
