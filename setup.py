@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 REFERENCE = Path(__file__).resolve().parent / "reference"
 
@@ -45,4 +46,17 @@ if choice == "1":
         )
     )
 else:
-    setup()
+    compiled = runpy.run_path(str(REFERENCE / "compiled.py"))
+
+    class PureBuildPy(build_py):
+        """Leaves out the kernel classes a compiled build wrote beside the sources: the
+        pure package executes them from the templates, and a copy could be stale."""
+
+        def find_package_modules(
+            self, package: str, package_dir: str
+        ) -> list[tuple[str, str, str]]:
+            modules: list[tuple[str, str, str]] = super().find_package_modules(package, package_dir)
+            generated = ("dualbudget.reference", compiled["KERNELS_MODULE"])
+            return [module for module in modules if module[:2] != generated]
+
+    setup(cmdclass={"build_py": PureBuildPy})
