@@ -4,6 +4,8 @@ the kernel's interface says."""
 
 from __future__ import annotations
 
+import ast
+import copy
 import inspect
 import itertools
 
@@ -92,3 +94,39 @@ def test_the_module_source_names_every_template_once() -> None:
     compile(source, "<budget_kernels>", "exec")  # it is Python
     assert source.count("\nclass Kernel") == len(set(TEMPLATES.values()))
     assert all(repr(key) in source for key in TEMPLATES)
+
+
+class _AsTemplate(ast.NodeTransformer):
+    """A kernel class's method read back as the template's function: ``self`` and the
+    annotations dropped, ``self.name`` read as the slot ``name``."""
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        self.generic_visit(node)
+        assert node.args.args[0].arg == "self"
+        node.args.args = [ast.arg(arg.arg) for arg in node.args.args[1:]]
+        node.returns = None
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if isinstance(node.value, ast.Name) and node.value.id == "self":
+            assert node.attr in PARAMS, node.attr
+            return ast.copy_location(ast.Name(node.attr, ast.Load()), node)
+        return self.generic_visit(node)
+
+
+def test_each_class_is_its_template_read_with_its_slots_on_the_instance() -> None:
+    # Exactly, not on samples: every method, parsed, is its template function's syntax
+    # tree once the instance's numbers are read as the template's slots.
+    module = ast.parse(kernel_module_source())
+    classes = {node.name: node for node in module.body if isinstance(node, ast.ClassDef)}
+    table = next(node for node in module.body if isinstance(node, ast.AnnAssign))
+    assert isinstance(table.value, ast.Dict)
+    compared = 0
+    for key_node, class_node in zip(table.value.keys, table.value.values, strict=True):
+        assert key_node is not None and isinstance(class_node, ast.Name)
+        template = TEMPLATES[ast.literal_eval(key_node)]
+        functions = ast.parse(template.format_map({name: name for name in PARAMS})).body
+        methods = [_AsTemplate().visit(copy.deepcopy(m)) for m in classes[class_node.id].body]
+        assert [ast.dump(m) for m in methods] == [ast.dump(f) for f in functions]
+        compared += 1
+    assert compared == len(TEMPLATES)
