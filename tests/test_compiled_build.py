@@ -62,9 +62,25 @@ def test_the_compiled_build_decides_as_the_sources_do() -> None:
     # Every step's record, free blocks and counters, stream by stream, and every replay.
     assert len(built["runs"]) == len(sources["runs"]) > 200
     for index, (mine, theirs) in enumerate(zip(built["runs"], sources["runs"], strict=True)):
-        assert mine == theirs, f"scenario {index} of tests/compiled_runs.py"
-    assert built["traces"] == sources["traces"]
+        assert mine == theirs, f"scenario {index}: {_first_difference(mine, theirs)}"
+    assert built["traces"] == sources["traces"], _first_difference(
+        built["traces"], sources["traces"]
+    )
     assert all(trace["steps_checked"] > 0 for trace in built["traces"])
+
+
+def _first_difference(built: Any, sources: Any, where: str = "") -> str:
+    """Where two results of tests/compiled_runs.py first differ, and how (the build's
+    value, then the sources'), instead of both whole."""
+    if isinstance(built, dict) and isinstance(sources, dict) and built.keys() == sources.keys():
+        for key in built:
+            if built[key] != sources[key]:
+                return _first_difference(built[key], sources[key], f"{where}[{key!r}]")
+    if isinstance(built, list) and isinstance(sources, list) and len(built) == len(sources):
+        for index, (mine, theirs) in enumerate(zip(built, sources, strict=True)):
+            if mine != theirs:
+                return _first_difference(mine, theirs, f"{where}[{index}]")
+    return f"at {where or 'the top'}: build {built!r}, sources {sources!r}"
 
 
 @pytest.fixture
@@ -84,6 +100,16 @@ def fake_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     write_digests(folder)
     monkeypatch.setenv(INTERPRETED, "0")
     return folder
+
+
+def test_the_first_difference_is_named_with_its_path() -> None:
+    built = {"runs": [{"steps": [{"free": 3}, {"free": 4}]}]}
+    sources = {"runs": [{"steps": [{"free": 3}, {"free": 5}]}]}
+    assert (
+        _first_difference(built, sources)
+        == "at ['runs'][0]['steps'][1]['free']: build 4, sources 5"
+    )
+    assert _first_difference([1], [1, 2]) == "at the top: build [1], sources [1, 2]"
 
 
 def test_a_build_of_the_sources_is_taken(fake_build: Path) -> None:
