@@ -18,9 +18,9 @@ REFERENCE = Path(__file__).resolve().parent / "reference"
 choice = os.environ.get("DUALBUDGET_MYPYC", "0")
 if choice not in ("0", "1"):
     raise SystemExit(f"setup.py: DUALBUDGET_MYPYC={choice!r}: set it to 1 (compile) or 0")
+# By path: the package cannot be imported before it is built.
+compiled = runpy.run_path(str(REFERENCE / "compiled.py"))
 if choice == "1":
-    # By path: the package cannot be imported before it is built.
-    compiled = runpy.run_path(str(REFERENCE / "compiled.py"))
     try:
         from mypyc.build import mypycify
     except ImportError as err:
@@ -46,7 +46,6 @@ if choice == "1":
         )
     )
 else:
-    compiled = runpy.run_path(str(REFERENCE / "compiled.py"))
 
     class PureBuildPy(build_py):
         """Leaves out the kernel classes a compiled build wrote beside the sources: the

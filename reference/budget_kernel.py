@@ -9,7 +9,7 @@ module with a subclass of ``Kernel`` per distinct template, its methods the temp
 functions, each ``{name}`` slot reading ``self.name`` (the config number the instance
 holds) instead. Nothing else of the text changes, so what the proofs' ``compiled``
 obligation shows of the templates holds of these methods. The compiled build compiles that
-module (``compiled.GENERATED_MODULES``); the sources execute it.
+module (``compiled.KERNELS_MODULE``); the sources execute it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dualbudget.spec.kernel import (
     PARAMS,
     NoCompiledBook,
     TemplateKey,
+    concrete_params,
     stored_template_key,
 )
 from dualbudget.spec.policies import Policy, StepParams
@@ -134,9 +135,7 @@ def kernel_classes() -> dict[TemplateKey, type[Kernel]]:
 
 def kernel_for(policy: Policy, p: StepParams) -> Kernel:
     """The kernel of the spec's ``policy`` on the concrete ``p``."""
-    values = {name: getattr(p, name) for name in PARAMS}
-    if not all(type(value) is int for value in values.values()):
-        raise TypeError(f"kernel_for needs a concrete config, got {values}")
+    values = concrete_params(p)
     kernel_class = kernel_classes()[stored_template_key(policy, p)]
     opened = policy.open(p)
     # Kernel's arguments start with the config numbers, in PARAMS' order (a test holds it).

@@ -66,13 +66,16 @@ class CompiledBuildError(ImportError):
     only part of it present."""
 
 
+DIGESTED = (*(f"{name}.py" for name in COMPILED_MODULES), *BUILD_INPUTS)
+"""What the build records a digest of, by path relative to the package's folder: each
+compiled module's source and the ``BUILD_INPUTS``."""
+
+
 def source_digests(folder: Path) -> dict[str, str]:
-    """The SHA-256 of each compiled module's source in ``folder`` and of each of the
-    ``BUILD_INPUTS``, by path relative to ``folder``; a file that is not there has none."""
-    sources = [f"{name}.py" for name in COMPILED_MODULES] + list(BUILD_INPUTS)
+    """The SHA-256 of each of ``DIGESTED`` in ``folder``; a file that is not there has none."""
     return {
         source: hashlib.sha256((folder / source).read_bytes()).hexdigest()
-        for source in sources
+        for source in DIGESTED
         if (folder / source).exists()
     }
 
@@ -168,10 +171,9 @@ def _build_problem(folder: Path, built: list[str]) -> str | None:
     if missing:
         return f"lacks {', '.join(missing)}"
     recorded, current = _recorded_digests(folder), source_digests(folder)
-    sources = [f"{name}.py" for name in COMPILED_MODULES] + list(BUILD_INPUTS)
     stale = [
         source
-        for source in sources
+        for source in DIGESTED
         if source not in current or recorded.get(source) != current[source]
     ]
     if stale:

@@ -89,9 +89,7 @@ class BudgetKernel:
 
 def compile_kernel(policy: Policy, p: StepParams) -> BudgetKernel:
     """The kernel of ``policy`` on the concrete ``p`` (cached per policy and config)."""
-    values = {name: getattr(p, name) for name in PARAMS}
-    if not all(type(value) is int for value in values.values()):
-        raise TypeError(f"compile_kernel needs a concrete config, got {values}")
+    values = concrete_params(p)
     key = (policy, p.layout.name, *values.values())
     kernel = _KERNELS.get(key)
     if kernel is None:
@@ -117,6 +115,15 @@ def compile_kernel(policy: Policy, p: StepParams) -> BudgetKernel:
 
 
 _KERNELS: dict[tuple[Any, ...], BudgetKernel] = {}
+
+
+def concrete_params(p: StepParams) -> dict[str, int]:
+    """The config numbers a template's slots read (``PARAMS``), of a concrete config: a
+    kernel is made for one config, never for symbols."""
+    values = {name: getattr(p, name) for name in PARAMS}
+    if not all(type(value) is int for value in values.values()):
+        raise TypeError(f"a budget kernel needs a concrete config, got {values}")
+    return values
 
 
 class NoCompiledBook(ValueError):
