@@ -139,9 +139,8 @@ def _kv_group_of(vllm_config: Any, group: Any, name: str) -> KVGroup:
 def kv_cache_group_names(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     """``kv_cache_groups``: the spec class of each KV cache group. vLLM looks the groups of
     one spec up together; the reference tells specs apart by the fields ``KVGroup``
-    holds, so a group whose spec differs from an earlier group's only in others
-    (DeepSeek V3.2's indexer beside its MLA group: the head size) is named with
-    ``SPEC_OF_ITS_OWN``, a class replay refuses."""
+    holds, so a group whose spec differs from an earlier group's only in others (a head
+    size, say) is named with ``SPEC_OF_ITS_OWN``, a class replay refuses."""
     groups = kv_cache_config.kv_cache_groups
     names = [type(group.kv_cache_spec).__name__ for group in groups]
     seen: list[tuple[KVGroup, Any]] = []

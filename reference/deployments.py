@@ -31,7 +31,6 @@ from .async_scheduler import make_scheduler
 from .settings import (
     KV_SPEC_KINDS,
     SETTINGS_IN_CONFIG,
-    SPEC_OF_ITS_OWN,
     Json,
     assumed_settings,
     engine_defaults,
@@ -118,27 +117,27 @@ _FULL = _group("full_attention")
 # vLLM splits a model's layers into KV groups of equal size: three linear-attention
 # (Mamba) layers per full-attention one make three Mamba groups, looked up together.
 _QWEN3_NEXT_MAMBA = (_group("mamba", 16, mamba_cache_mode="align"),) * 3
-# The indexer's spec is MLA's but for its head size, which a trace does not hold.
-_INDEXER = ("MLAAttentionSpec" + SPEC_OF_ITS_OWN, KVGroup("mla_attention", 64))
+# DeepSeek V3.2's indexer layers are MLA specs of another head size at the MLA block
+# size: vLLM's get_kv_cache_groups puts them with the MLA layers in one
+# UniformTypeKVCacheSpecs group, whose first layer spec the scheduler's KVCacheConfig
+# keeps (generate_scheduler_kv_cache_config), so its scheduler sees V3's one MLA group.
+_MLA = _group("mla_attention", 64)
 
 DEPLOYMENTS: tuple[Deployment, ...] = (
     Deployment(
         "gpt-oss + EAGLE3", "eagle3", 3,
         (_group("sliding_window", sliding_window=128), _FULL),
     ),
-    Deployment("DeepSeek V3 / V3.1 + MTP", "mtp", 1, (_group("mla_attention", 64),)),
+    Deployment("DeepSeek V3 / V3.1 + MTP", "mtp", 1, (_MLA,)),
     Deployment(
-        "DeepSeek V3 + MTP, P/D disaggregated", "mtp", 1, (_group("mla_attention", 64),),
+        "DeepSeek V3 + MTP, P/D disaggregated", "mtp", 1, (_MLA,),
         {"kv_connector": "NixlConnector"},
     ),
     Deployment(
-        "DeepSeek V3 + MTP, long context (DCP 8)", "mtp", 1, (_group("mla_attention", 64),),
+        "DeepSeek V3 + MTP, long context (DCP 8)", "mtp", 1, (_MLA,),
         {"decode_context_parallel_size": 8},
     ),
-    Deployment(
-        "DeepSeek V3.2 + MTP", "mtp", 1,
-        (_group("mla_attention", 64), _INDEXER),
-    ),
+    Deployment("DeepSeek V3.2 + MTP (indexer layers in the MLA group)", "mtp", 1, (_MLA,)),
     Deployment(
         "Qwen3-Next + MTP on Hopper (FlashInfer prefill)", "mtp", 2,
         (*_QWEN3_NEXT_MAMBA, _FULL),

@@ -18,6 +18,7 @@ from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import Divergence, DivergenceFound, Lockstep, MirroredCrash
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference import kv_coordinator
+from dualbudget.reference.deployments import DEPLOYMENTS
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
 from dualbudget.reference.kv_coordinator import lookup_types
 from dualbudget.reference.kv_hybrid import HybridKVCacheManager
@@ -150,7 +151,7 @@ FAMILIES: dict[str, tuple[KVGroup, ...]] = {
     ),
     # DeepSeek V3 + MTP: one MLA group.
     "MLA": (KVGroup("mla_attention", 4),),
-    # DeepSeek V3.2: sliding-window MLA beside MLA.
+    # DeepSeek V4: its compressor's sliding-window MLA beside MLA.
     "sliding-window MLA + MLA": (
         KVGroup("sliding_window_mla", 4, sliding_window=8),
         KVGroup("mla_attention", 4),
@@ -273,9 +274,9 @@ def test_each_family_runs_in_lockstep(
 def test_a_group_told_apart_by_a_field_the_reference_lacks_is_refused_on_replay(
     profile: str,
 ) -> None:
-    """DeepSeek V3.2's indexer: an MLA spec but for its head size, so vLLM looks it up
-    apart from the MLA group where the reference, which holds no head size, would look
-    them up together. The recorder names it a spec of its own and replay refuses the
+    """Two groups of one spec class that differ only in a field ``KVGroup`` does not hold
+    (here the head size): vLLM looks them up apart where the reference would look them up
+    together, so the recorder names the second a spec of its own and replay refuses the
     trace by ``kv_cache_groups``; MLA twice at one head size is one spec, recorded by its
     class alone, and replays."""
     from dualbudget.integration.live import LiveScheduler
@@ -295,6 +296,49 @@ def test_a_group_told_apart_by_a_field_the_reference_lacks_is_refused_on_replay(
     assert names == ["MLAAttentionSpec", "MLAAttentionSpec" + SPEC_OF_ITS_OWN]
     found = first_unreplayed({"kv_cache_groups": names}, config, profile_named(profile))
     assert found is not None and found[0].name == "kv_cache_groups"
+
+
+def test_deepseek_v32_indexer_layers_share_the_mla_group(profile: str) -> None:
+    """DeepSeek V3.2's layer specs as its model gives them (MLA latents, and the indexer's
+    keys: MLA specs of another head size, at the same block size), grouped by vLLM's own
+    ``get_kv_cache_groups`` and reduced to the scheduler's ``KVCacheConfig`` as its engine
+    does: one MLA group, which the recorder names as the deployment table's row has it,
+    and that row replays."""
+    import torch
+    from vllm.v1 import kv_cache_interface as kv
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
+    from dualbudget.integration.live import LiveScheduler
+    from dualbudget.integration.recorder import kv_cache_group_names
+
+    try:
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_groups  # 0.33
+    except ImportError:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_groups  # 0.32
+    (row,) = [d for d in DEPLOYMENTS if d.family.startswith("DeepSeek V3.2")]
+    ((_, group),) = row.groups
+    shape = {"block_size": group.block_size, "num_kv_heads": 1, "dtype": torch.bfloat16}
+    latent = kv.MLAAttentionSpec(head_size=576, **shape)
+    indexer_keys = kv.MLAAttentionSpec(
+        head_size=132, cache_role=kv.SparseCacheRole.INDEXER, **shape
+    )
+    layers: dict[str, object] = {}
+    for layer in range(3):
+        layers[f"model.layers.{layer}.self_attn.attn"] = latent
+        layers[f"model.layers.{layer}.self_attn.indexer.k_cache"] = indexer_keys
+    release = profile_named(profile).release
+    config = dataclasses.replace(row.config(release), max_model_len=64, num_gpu_blocks=80)
+    vllm_config = LiveScheduler(
+        dataclasses.replace(config, speculative_config=SpeculativeConfig("eagle", 1))
+    ).vllm_config
+    groups = get_kv_cache_groups(vllm_config, layers)
+    assert [type(g.kv_cache_spec).__name__ for g in groups] == ["UniformTypeKVCacheSpecs"]
+    worker = kv.KVCacheConfig(num_blocks=80, kv_cache_tensors=[], kv_cache_groups=groups)
+    scheduler_config = generate_scheduler_kv_cache_config([worker])
+    names = kv_cache_group_names(vllm_config, scheduler_config)
+    assert names == [name for name, _ in row.groups] == ["MLAAttentionSpec"]
+    assert scheduler_config.kv_cache_groups[0].kv_cache_spec.block_size == group.block_size
+    assert row.verdict(release.version) == "replays"
 
 
 def test_a_layout_vllm_refuses_is_unsupported_with_its_reason(profile: str) -> None:

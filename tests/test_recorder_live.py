@@ -15,7 +15,6 @@ from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
 from dualbudget.reference.events import ModelOutput, StepRecord
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.scenario import Scenario, load_scenario, validate
-from dualbudget.reference.settings import SPEC_OF_ITS_OWN
 from dualbudget.reference.trace import VERSION, read_trace
 from dualbudget.reference.workload import preset
 from dualbudget.spec.profiles import profile_named
@@ -151,16 +150,9 @@ def test_the_recorder_follows_async_scheduling_and_reads_every_setting(
 
 
 FAMILIES = [
-    d
-    for d in DEPLOYMENTS
-    if not d.settings
-    and [n for n, _ in d.groups] != ["FullAttentionSpec"]
-    and not any(n.endswith(SPEC_OF_ITS_OWN) for n, _ in d.groups)
+    d for d in DEPLOYMENTS if not d.settings and [n for n, _ in d.groups] != ["FullAttentionSpec"]
 ]
-"""The families of the table whose KV groups are not one full-attention group, but those
-with a group of a spec of its own (DeepSeek V3.2's indexer), which the live adapter,
-building specs from ``KVGroup``s, cannot build apart (``tests/test_hybrid_live.py``
-checks how the recorder names one)."""
+"""The families of the table whose KV groups are not one full-attention group."""
 
 
 @pytest.mark.parametrize("deployment", FAMILIES, ids=lambda d: d.family)
