@@ -144,7 +144,11 @@ DEPLOYMENTS: tuple[Deployment, ...] = (
         {"mamba_prefill_checkpoint_blocks": 1},
     ),
     Deployment("Qwen3-Next + MTP, Triton prefill", "mtp", 2, (*_QWEN3_NEXT_MAMBA, _FULL)),
-    Deployment("Qwen3 dense + DFlash (merged drafter spec)", "dflash", 7, (_FULL,)),
+    # A drafter's full-attention layers of another head size than the target's join its
+    # group as the indexer joins MLA's (one UniformTypeKVCacheSpecs group).
+    Deployment(
+        "Qwen3 dense + DFlash (drafter layers in the target's group)", "dflash", 7, (_FULL,)
+    ),
     Deployment(
         "Llama 4 + EAGLE3", "eagle3", 3,
         (

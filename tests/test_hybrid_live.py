@@ -298,13 +298,54 @@ def test_a_group_told_apart_by_a_field_the_reference_lacks_is_refused_on_replay(
     assert found is not None and found[0].name == "kv_cache_groups"
 
 
-def test_deepseek_v32_indexer_layers_share_the_mla_group(profile: str) -> None:
-    """DeepSeek V3.2's layer specs as its model gives them (MLA latents, and the indexer's
-    keys: MLA specs of another head size, at the same block size), grouped by vLLM's own
-    ``get_kv_cache_groups`` and reduced to the scheduler's ``KVCacheConfig`` as its engine
-    does: one MLA group, which the recorder names as the deployment table's row has it,
-    and that row replays."""
+def _deepseek_v32_layers(block_size: int) -> dict[str, object]:
+    # MLA latents (576 wide) and the indexer's keys: an MLA spec of another head size.
     import torch
+    from vllm.v1 import kv_cache_interface as kv
+
+    shape = {"block_size": block_size, "num_kv_heads": 1, "dtype": torch.bfloat16}
+    latent = kv.MLAAttentionSpec(head_size=576, **shape)
+    keys = kv.MLAAttentionSpec(head_size=132, cache_role=kv.SparseCacheRole.INDEXER, **shape)
+    layers: dict[str, object] = {}
+    for layer in range(3):
+        layers[f"model.layers.{layer}.self_attn.attn"] = latent
+        layers[f"model.layers.{layer}.self_attn.indexer.k_cache"] = keys
+    return layers
+
+
+def _dflash_drafter_of_another_head_size(block_size: int) -> dict[str, object]:
+    # The target's full attention and a drafter's of fewer, narrower heads, marked as the
+    # drafter's own where the release's KVCacheSpec has the field (0.33).
+    import dataclasses
+
+    import torch
+    from vllm.v1 import kv_cache_interface as kv
+
+    target = kv.FullAttentionSpec(block_size, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
+    drafter = kv.FullAttentionSpec(block_size, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
+    if "is_draft" in {field.name for field in dataclasses.fields(drafter)}:
+        drafter = dataclasses.replace(drafter, is_draft=True)
+    layers: dict[str, object] = {f"model.layers.{layer}.attn": target for layer in range(4)}
+    layers |= {f"drafter.layers.{layer}.attn": drafter for layer in range(2)}
+    return layers
+
+
+ONE_GROUP_LAYERS = {
+    "DeepSeek V3.2 + MTP (indexer layers in the MLA group)": _deepseek_v32_layers,
+    "Qwen3 dense + DFlash (drafter layers in the target's group)": (
+        _dflash_drafter_of_another_head_size
+    ),
+}
+"""Families whose layers' specs differ, as their models give them, yet are one group at
+the scheduler: what each family's layers are."""
+
+
+@pytest.mark.parametrize("family", ONE_GROUP_LAYERS)
+def test_layers_of_one_kind_at_one_block_size_make_one_group(family: str, profile: str) -> None:
+    """A family's layer specs, grouped by vLLM's own ``get_kv_cache_groups`` and reduced to
+    the scheduler's ``KVCacheConfig`` as its engine does (the first layer's spec of the
+    ``UniformTypeKVCacheSpecs`` group), are one group: the recorder names it as the
+    deployment table's row has it, and that row replays."""
     from vllm.v1 import kv_cache_interface as kv
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
 
@@ -315,28 +356,20 @@ def test_deepseek_v32_indexer_layers_share_the_mla_group(profile: str) -> None:
         from vllm.v1.core.kv_cache_planning import get_kv_cache_groups  # 0.33
     except ImportError:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_groups  # 0.32
-    (row,) = [d for d in DEPLOYMENTS if d.family.startswith("DeepSeek V3.2")]
-    ((_, group),) = row.groups
-    shape = {"block_size": group.block_size, "num_kv_heads": 1, "dtype": torch.bfloat16}
-    latent = kv.MLAAttentionSpec(head_size=576, **shape)
-    indexer_keys = kv.MLAAttentionSpec(
-        head_size=132, cache_role=kv.SparseCacheRole.INDEXER, **shape
-    )
-    layers: dict[str, object] = {}
-    for layer in range(3):
-        layers[f"model.layers.{layer}.self_attn.attn"] = latent
-        layers[f"model.layers.{layer}.self_attn.indexer.k_cache"] = indexer_keys
+    (row,) = [d for d in DEPLOYMENTS if d.family == family]
+    ((name, group),) = row.groups
     release = profile_named(profile).release
     config = dataclasses.replace(row.config(release), max_model_len=64, num_gpu_blocks=80)
+    # The live adapter builds no MTP drafter; EAGLE stands in, as in the recorded traces.
+    stand_in = SpeculativeConfig("eagle", 1) if row.method == "mtp" else config.speculative_config
     vllm_config = LiveScheduler(
-        dataclasses.replace(config, speculative_config=SpeculativeConfig("eagle", 1))
+        dataclasses.replace(config, speculative_config=stand_in)
     ).vllm_config
-    groups = get_kv_cache_groups(vllm_config, layers)
+    groups = get_kv_cache_groups(vllm_config, ONE_GROUP_LAYERS[family](group.block_size))
     assert [type(g.kv_cache_spec).__name__ for g in groups] == ["UniformTypeKVCacheSpecs"]
     worker = kv.KVCacheConfig(num_blocks=80, kv_cache_tensors=[], kv_cache_groups=groups)
     scheduler_config = generate_scheduler_kv_cache_config([worker])
-    names = kv_cache_group_names(vllm_config, scheduler_config)
-    assert names == [name for name, _ in row.groups] == ["MLAAttentionSpec"]
+    assert kv_cache_group_names(vllm_config, scheduler_config) == [name]
     assert scheduler_config.kv_cache_groups[0].kv_cache_spec.block_size == group.block_size
     assert row.verdict(release.version) == "replays"
 
