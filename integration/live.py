@@ -44,6 +44,7 @@ raises ``Unsupported`` with vLLM's reason, and is reported as such, never faked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import json
@@ -239,6 +240,8 @@ def build_vllm_config(config: EngineConfig) -> tuple[Any, Construction]:
     require_vllm()
     layout = (config.layout or NO_SPECULATION).name
     spec = config.speculative_config
+    if spec is not None and spec.method == "mtp":
+        return _relabelled_mtp(config), Construction(layout, MTP_RELABELLED)
     if spec is None or not (spec.method == "dspark" or _async_ngram(config)):
         return _build_vllm_config(config, None), Construction(layout, "native")
     # Model runner V1 refuses dspark ("does not support: dspark speculative decoding").
@@ -266,6 +269,29 @@ def _async_ngram(config: EngineConfig) -> bool:
     return config.async_scheduling and spec is not None and spec.method == "ngram"
 
 
+def _relabelled_mtp(config: EngineConfig) -> Any:
+    """No MTP model builds on CPU: an EAGLE drafter of the same K, its config then
+    labelled as vLLM labels an MTP drafter's (method ``mtp``, the draft model's
+    ``num_nextn_predict_layers``). The scheduler reads nothing else of the drafter:
+    ``use_multi_module_mtp`` and what follows from it (``num_prefill_lookahead_tokens``,
+    the hash lookahead), the block drop and the async rule, the last two alike for both
+    methods in each release (``scheduler_trace.check_stands_in`` holds them equal)."""
+    spec = config.speculative_config
+    assert spec is not None
+    eagle = dataclasses.replace(
+        config,
+        speculative_config=dataclasses.replace(spec, method="eagle"),
+        num_nextn_predict_layers=None,
+    )
+    vllm_config = _build_vllm_config(eagle, None)
+    speculative = vllm_config.speculative_config
+    object.__setattr__(speculative, "method", "mtp")
+    modules = config.num_nextn_predict_layers or 1
+    speculative.draft_model_config.hf_config.num_nextn_predict_layers = modules
+    return vllm_config
+
+
+MTP_RELABELLED = "an EAGLE drafter relabelled MTP"
 RUNNER_V2 = "model runner V2"
 RUNNER_V2_FORCED = "model runner V2, vLLM's Triton check forced off"
 
@@ -375,11 +401,17 @@ def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
     specs: dict[str, Any] = {
         "full_attention": lambda: kv.FullAttentionSpec(**attention),
         "mla_attention": lambda: kv.MLAAttentionSpec(**attention),
+        # vLLM's planning sets every sliding window's extra_retained_tokens to the
+        # re-prefillable tokens (multi-module MTP).
         "sliding_window": lambda: kv.SlidingWindowSpec(
-            **attention, sliding_window=group.sliding_window
+            **attention,
+            sliding_window=group.sliding_window,
+            extra_retained_tokens=config.num_reprefillable_tokens,
         ),
         "sliding_window_mla": lambda: kv.SlidingWindowMLASpec(
-            **attention, sliding_window=group.sliding_window
+            **attention,
+            sliding_window=group.sliding_window,
+            extra_retained_tokens=config.num_reprefillable_tokens,
         ),
         "chunked_local_attention": lambda: kv.ChunkedLocalAttentionSpec(
             **attention, attention_chunk_size=group.attention_chunk_size

@@ -161,6 +161,10 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     rule: HitRule
     observed: dict[str, int]
     """The scheduler's ``observed``: the pool's events are counted there."""
+    num_reprefillable_tokens: int = 0
+    """The coordinator's ``num_reprefillable_tokens``: the last tokens computed that the
+    multi-module MTP drafter may prefill again, cached only once the next chunk is
+    (``EngineConfig.num_reprefillable_tokens``)."""
 
     @property
     def enable_caching(self) -> bool:
@@ -340,14 +344,16 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         hashes = request.block_hashes
         if hashes is not None and len(hashes) > request.num_cached_blocks:
             next_full = (request.num_cached_blocks + 1) * block_size - 1
+            next_full += self.num_reprefillable_tokens
             if next_full < covered:
                 covered = next_full
         request.kv_slots_covered = covered
 
     def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
-        """``cache_blocks``: the full blocks of the first ``num_tokens`` tokens get the
-        request's hashes (as far as it has them: lookahead hashes lag a token)."""
-        num_full = num_tokens // self.block_size
+        """``cache_blocks``: the full blocks of the first ``num_tokens`` tokens but the
+        re-prefillable ones get the request's hashes (as far as it has them: lookahead
+        hashes lag a token)."""
+        num_full = (num_tokens - self.num_reprefillable_tokens) // self.block_size
         if num_full <= request.num_cached_blocks:
             return
         hashes = request.block_hashes or ()

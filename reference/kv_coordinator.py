@@ -47,26 +47,48 @@ def manager_for(
     the single-group managers, with prefix caching the caching one with the release's hit
     rule for the config's drafter; other layouts the hybrid coordinator."""
     groups = config.groups
+    spec = config.speculative_config
+    method = spec.method if spec is not None else None
+    lookahead = config.num_prefill_lookahead_tokens
+    rule = HitRule.of(release, method, lookahead)
+    check_prefill_lookahead(config, rule)
     if len(groups) > 1 or groups[0].kind not in FULL_ATTENTION_KINDS:
         check_hybrid_layout(config)
-        spec = config.speculative_config
-        method = spec.method if spec is not None else None
         # Prefix caching off, no lookahead hashes: the drafter's drop is the speculative
         # config's use_eagle_block_drop, the drop of either hit rule a release has.
         drop = release.drops_last_hit_block(method) or release.num_hash_lookahead_tokens(method) > 0
         manager = hybrid_manager(config, num_lookahead_tokens, observed, drop)
         if not config.enable_prefix_caching:
             return manager
-        return hybrid_caching_manager(manager, config, release, method)
+        return hybrid_caching_manager(manager, config, release, rule)
 
     block_size = groups[0].block_size
     if not config.enable_prefix_caching:
         return KVCacheManager(block_size, config.max_model_len, num_lookahead_tokens)
-    spec = config.speculative_config
-    rule = HitRule.of(release, spec.method if spec is not None else None)
     return PrefixCachingKVCacheManager(
-        block_size, config.max_model_len, num_lookahead_tokens, rule, observed
+        block_size,
+        config.max_model_len,
+        num_lookahead_tokens,
+        rule,
+        observed,
+        config.num_reprefillable_tokens,
     )
+
+
+def check_prefill_lookahead(config: EngineConfig, rule: HitRule) -> None:
+    """Refuse what vLLM's coordinator refuses: with prefix caching, groups that drop
+    their hit's last block (every group where the release drops it, else those holding
+    the drafter's layers) cannot drop a multi-module MTP lookahead longer than a
+    scheduler block."""
+    lookahead = config.num_prefill_lookahead_tokens
+    if not config.enable_prefix_caching or config.scheduler_block_size >= lookahead:
+        return
+    if rule.drop_last_block or any(group.is_eagle_group for group in config.groups):
+        raise ConfigError(
+            "num_nextn_predict_layers",
+            f"multi-module MTP with prefix caching needs a scheduler block"
+            f" ({config.scheduler_block_size}) of at least K ({lookahead}) tokens",
+        )
 
 
 def check_hybrid_layout(config: EngineConfig) -> None:
@@ -120,12 +142,11 @@ def check_hybrid_caching_layout(config: EngineConfig) -> None:
 
 
 def hybrid_caching_manager(
-    manager: HybridKVCacheManager, config: EngineConfig, release: Release, method: str | None
+    manager: HybridKVCacheManager, config: EngineConfig, release: Release, rule: HitRule
 ) -> HybridPrefixCachingKVCacheManager:
-    """The coordinator with ``enable_caching``: the release's hit rule for the drafter,
-    and the groups whose hit drops its last block (those marked ``is_eagle_group``, or
-    every group where none is marked and the drafter drops one)."""
-    rule = HitRule.of(release, method)
+    """The coordinator with ``enable_caching``: the release's hit ``rule`` for the
+    drafter, and the groups whose hit drops its last block (those marked
+    ``is_eagle_group``, or every group where none is marked and the drafter drops one)."""
     groups = config.groups
     flagged = [group.is_eagle_group for group in groups]
     if not any(flagged):
@@ -149,8 +170,14 @@ def hybrid_caching_manager(
             )
     # The hash's block size is the groups' one (vLLM hashes at their GCD).
     block_size = groups[0].block_size
+    reprefillable = config.num_reprefillable_tokens
     hashing = PrefixCachingKVCacheManager(
-        block_size, manager.max_model_len, manager.num_lookahead_tokens, rule, manager.observed
+        block_size,
+        manager.max_model_len,
+        manager.num_lookahead_tokens,
+        rule,
+        manager.observed,
+        reprefillable,
     )
     return HybridPrefixCachingKVCacheManager(
         block_size,
@@ -169,6 +196,7 @@ def hybrid_caching_manager(
         tuple(drop_groups),
         types,
         retains_block_below_junction=release.retains_block_below_junction,
+        num_reprefillable_tokens=reprefillable,
         rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
     )
 

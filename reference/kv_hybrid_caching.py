@@ -119,6 +119,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     key was last cached in: vLLM clears the set when a step starts."""
     rekeys_cached_mamba_tail: bool = False
     """The release's ``rekeys_cached_mamba_tail``."""
+    num_reprefillable_tokens: int = 0
+    """The coordinator's ``num_reprefillable_tokens`` (multi-module MTP): a group that
+    drops its hit's last block caches only the tokens computed before them."""
     without_mamba: bool = field(init=False)
     """No group is Mamba: every group counts a running request's blocks past its table
     alike, and caches nothing once its full blocks are cached (the fast paths of
@@ -289,7 +292,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             chunk = manager.attention_chunk_size
             skipped = max(max_length, 0) // chunk * chunk // block_size
         hits = [[NULL_BLOCK] * skipped for _ in group_ids]
-        for place in range(skipped, max_blocks):
+        # As far as the hashes go (vLLM's islice): a lookahead of K hashes lags K tokens.
+        for place in range(skipped, min(max_blocks, len(hashes))):
             found = _cached_blocks(pool, hashes, group_ids, place)
             if found is None:
                 break
@@ -514,7 +518,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         lookahead = self.num_lookahead_tokens
         covered = UNBOUNDED
         # Every RUNNING step at a block boundary passes here: the mins are spelled out.
-        for blocks in request.kv_groups:
+        for index, blocks in enumerate(request.kv_groups):
             num_cached = blocks.num_cached_blocks
             if num_cached < 0:
                 covered = 0  # not yet allocated: the RUNNING loop asks
@@ -522,6 +526,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             limit = len(blocks.block_ids) * block_size - lookahead
             if num_hashes > num_cached:
                 next_cached = (num_cached + 1) * block_size - 1
+                if self.num_reprefillable_tokens and self.drop_groups[index]:
+                    next_cached += self.num_reprefillable_tokens
                 if next_cached < limit:
                     limit = next_cached
             if limit < covered:
@@ -634,13 +640,21 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             else:
                 return False
         pool = self.pool(state)
+        # get_num_cacheable_tokens: a group that drops its hit's last block caches none of
+        # the re-prefillable tokens (once a scheduler block is computed).
+        finalized = num_tokens
+        if self.num_reprefillable_tokens and num_tokens >= self.block_size:
+            finalized = max(num_tokens - self.num_reprefillable_tokens, 0)
         for index, group in enumerate(self.groups):
             blocks = request.kv_groups[index]
+            cacheable = num_tokens
+            if finalized != num_tokens and self.drop_groups[index]:
+                cacheable = finalized
             if isinstance(group, MambaAlignManager):
-                self._cache_mamba_blocks(state, request, index, blocks, num_tokens)
+                self._cache_mamba_blocks(state, request, index, blocks, cacheable)
                 continue
             num_cached = max(blocks.num_cached_blocks, 0)
-            num_full = min(num_tokens, len(hashes) * self.block_size) // group.block_size
+            num_full = min(cacheable, len(hashes) * self.block_size) // group.block_size
             if num_cached >= num_full:
                 continue
             mask = None

@@ -119,13 +119,17 @@ class SlidingWindowManager(FullAttentionManager):
     the last ``sliding_window`` tokens, itself included, so the ones before are skipped."""
 
     sliding_window: int = 1
+    extra_retained_tokens: int = 0
+    """``SlidingWindowSpec.extra_retained_tokens``: tokens kept below the window, never
+    attended, that a multi-module MTP drafter may prefill again (vLLM sets the
+    coordinator's ``num_reprefillable_tokens`` on every sliding-window spec)."""
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        # extra_retained_tokens is 0: no multi-module MTP in the subset.
-        return max(0, num_computed_tokens - self.sliding_window + 1)
+        retained = self.sliding_window - 1 + self.extra_retained_tokens
+        return max(0, num_computed_tokens - retained)
 
     def num_processed_to_skip(self, num_blocks: int) -> int:
-        return num_blocks * self.block_size + self.sliding_window - 1
+        return num_blocks * self.block_size + self.sliding_window - 1 + self.extra_retained_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,9 +304,10 @@ def single_type_manager(group: KVGroup, config: EngineConfig) -> FullAttentionMa
     if group.kind in ("sliding_window", "sliding_window_mla"):
         assert group.sliding_window is not None
         window = group.sliding_window
+        extra = config.num_reprefillable_tokens
         # +1: the window need not start at a block's start (SlidingWindowSpec).
-        cap = cdiv(min(window - 1 + in_flight, max_model_len), size) + 1
-        return SlidingWindowManager(size, True, cap, window)
+        cap = cdiv(min(window - 1 + extra + in_flight, max_model_len), size) + 1
+        return SlidingWindowManager(size, True, cap, window, extra)
     if group.kind == "chunked_local_attention":
         assert group.attention_chunk_size is not None
         chunk = group.attention_chunk_size

@@ -26,9 +26,14 @@ class HitRule:
     """Tokens past each block its hash covers; the hash exists only once they do."""
 
     @classmethod
-    def of(cls, release: Release, method: str | None) -> HitRule:
-        """The rule of ``method``'s drafter (None: speculative decoding off) in ``release``."""
-        return cls(release.drops_last_hit_block(method), release.num_hash_lookahead_tokens(method))
+    def of(cls, release: Release, method: str | None, prefill_lookahead: int = 1) -> HitRule:
+        """The rule of ``method``'s drafter (None: speculative decoding off) in ``release``,
+        which reads ``prefill_lookahead`` prompt tokens past a chunk
+        (``EngineConfig.num_prefill_lookahead_tokens``)."""
+        return cls(
+            release.drops_last_hit_block(method),
+            release.num_hash_lookahead_tokens(method, prefill_lookahead),
+        )
 
     def num_hashes(self, num_tokens: int, block_size: int) -> int:
         """How many block hashes a request of ``num_tokens`` tokens has."""

@@ -223,6 +223,11 @@ class ConfigJson(Schema):
         " none, the scheduler ends a prefill chunk at the prompt's reusable state; `1` the"
         " state is saved inside the chunk, in a reserved block",
     )
+    num_nextn_predict_layers: int | None = Field(
+        default=_engine("num_nextn_predict_layers"),
+        description="for `mtp`: the drafter's modules; absent, one. With more than one"
+        " and `K > 1` each reads one prompt token further past a prefill chunk",
+    )
 
     def engine_config(self) -> EngineConfig:
         fields = dict(self)

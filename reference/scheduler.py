@@ -183,6 +183,7 @@ class Scheduler:
         self._release_caches_verified_output = self.release.caches_verified_output
         self.observed: dict[str, int] = dict.fromkeys(OBSERVED, 0)
         self.num_spec_tokens = config.num_speculative_tokens
+        self.num_prefill_lookahead_tokens = config.num_prefill_lookahead_tokens
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
         self.kv = manager_for(config, self.release, self.num_lookahead_tokens, self.observed)
@@ -324,6 +325,7 @@ class Scheduler:
         token_budget, input_budget = step.token_budget, step.input_budget
         done = kernel.exhausted(token_budget, input_budget)
         cap_base = max_model_len - NUM_SAMPLED_PER_STEP
+        lookahead = self.num_prefill_lookahead_tokens
         index = 0
         while not done and index < len(running):
             rid = running[index]
@@ -356,6 +358,10 @@ class Scheduler:
             if split is not None:
                 # Mamba align: the chunk ends where a state is cached, before its charge.
                 q = split(request, computed, q)
+            if lookahead > 1 and 0 < num_tokens - computed - q < lookahead:
+                # Multi-module MTP: the chunk ends where the drafter still finds its K
+                # tokens after it, or not at all.
+                q -= lookahead - (num_tokens - computed - q)
             if q <= 0:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
@@ -513,6 +519,16 @@ class Scheduler:
                 if padded and q != 1 + k:
                     # vLLM drops the padding rather than shorten it.
                     q, padded = 1, False
+            remaining = request.num_tokens - computed - q
+            if 0 < remaining < self.num_prefill_lookahead_tokens:
+                # Multi-module MTP, as in the RUNNING loop; a request left no tokens is
+                # handled as one granted none.
+                q -= self.num_prefill_lookahead_tokens - remaining
+                if q <= 0:
+                    if self.release.requeues_unscheduled_waiting:
+                        skipped.append(self._pop_waiting(request.request_id))
+                        continue
+                    break
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
             if not kv.full_sequence_fits(state, request, hit) or not kv.allocate_slots(
                 state, request, q, hit

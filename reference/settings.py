@@ -89,12 +89,6 @@ def _profile_active_cap(value: Json, config: EngineConfig, profile: Profile) -> 
     return bool(value == profile.policy.max_active_requests(StepParams.of(config)))
 
 
-def _single_mtp_module(value: Json, config: EngineConfig, profile: Profile) -> bool:
-    # vLLM's use_multi_module_mtp: more than one module read ahead only when
-    # min(num_nextn_predict_layers, K) > 1.
-    return isinstance(value, int) and min(value, config.num_speculative_tokens) <= 1
-
-
 def _no_prefix_caching(value: Json, config: EngineConfig, profile: Profile) -> bool:
     # Without prefix caching there is no hit to skip.
     return not config.enable_prefix_caching
@@ -180,9 +174,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "num_nextn_predict_layers",
         "speculative_config.draft_model_config.hf_config.num_nextn_predict_layers",
-        None, False, None,
-        "multi-module MTP ends no prefill chunk within K of the prompt's end",
-        also_replays=_single_mtp_module, also="or any value when K = 1 or it is 1",
+        None, True, None,
+        "multi-module MTP ends no prefill chunk within K of the prompt's end, leaves a"
+        " chunk's last K - 1 tokens uncached until the next chunk (one group, or a group"
+        " that drops a hit's last block) and below a sliding window kept, and (0.33)"
+        " hashes each block with the K tokens after it",
     ),
     Setting(
         "disable_eagle_block_drop", "speculative_config.disable_eagle_block_drop", False,

@@ -343,7 +343,9 @@ def _hash_lookahead(header: TraceHeader) -> int:
     if release is None or header.settings.get("disable_lookahead_block_hashes"):
         return 0
     spec = header.config.speculative_config
-    return release.num_hash_lookahead_tokens(None if spec is None else spec.method)
+    return release.num_hash_lookahead_tokens(
+        None if spec is None else spec.method, header.config.num_prefill_lookahead_tokens
+    )
 
 
 class _HashChain:

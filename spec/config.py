@@ -144,6 +144,40 @@ class EngineConfig:
     prefill chunk, in a block the manager reserves (Qwen's gated delta net under
     FlashInfer's prefill kernel sets 1), instead of the scheduler ending the chunk there.
     Its checkpoint alignment is the Mamba block (no ``prefix_match_unit``)."""
+    num_nextn_predict_layers: int | None = None
+    """The MTP drafter's modules (its ``hf_config.num_nextn_predict_layers``); None for
+    another drafter. With more than one, and K > 1, each module reads one prompt token
+    further ahead (``multi_module_mtp``)."""
+
+    @property
+    def multi_module_mtp(self) -> bool:
+        """vLLM's ``use_multi_module_mtp``: an MTP drafter whose chain of modules reads
+        more than one token past a prefill chunk, ``min(modules, K) > 1``."""
+        spec = self.speculative_config
+        modules = self.num_nextn_predict_layers or 1
+        return (
+            spec is not None
+            and spec.method == "mtp"
+            and min(modules, spec.num_speculative_tokens) > 1
+        )
+
+    @property
+    def num_prefill_lookahead_tokens(self) -> int:
+        """vLLM's ``num_prefill_lookahead_tokens``: the prompt tokens past a prefill chunk
+        the drafter reads, so no chunk ends within them of the prompt's end and the last
+        ``- 1`` of them are re-prefilled rather than cached: K for multi-module MTP, 1 for
+        a drafter on the target's hidden states, else 0."""
+        spec = self.speculative_config
+        if spec is None or spec.method not in HIDDEN_STATE_DRAFTERS:
+            return 0
+        return spec.num_speculative_tokens if self.multi_module_mtp else 1
+
+    @property
+    def num_reprefillable_tokens(self) -> int:
+        """The last tokens of a chunk the drafter may prefill again (vLLM's coordinator's
+        ``num_reprefillable_tokens``, and every ``SlidingWindowSpec.extra_retained_tokens``):
+        not cached, and kept below a sliding window, until the next chunk is computed."""
+        return max(0, self.num_prefill_lookahead_tokens - 1)
 
     @property
     def groups(self) -> tuple[KVGroup, ...]:
@@ -174,6 +208,11 @@ class EngineConfig:
         if self.max_num_scheduled_tokens is None:
             return self.max_num_batched_tokens
         return self.max_num_scheduled_tokens
+
+
+HIDDEN_STATE_DRAFTERS = ("eagle", "eagle3", "mtp", "dflash", "dspark")
+"""vLLM's ``SpeculativeConfig.use_eagle`` methods: drafters on the target's hidden
+states, which read the prompt token past a prefill chunk."""
 
 
 def check_engine_config(config: EngineConfig) -> None:
@@ -253,6 +292,14 @@ def check_engine_config(config: EngineConfig) -> None:
             layout_for(spec.method, spec.parallel_drafting, spec.dspark_layout)
         except BadInput as err:
             raise ConfigError("speculative_config.method", str(err)) from None
+    modules = config.num_nextn_predict_layers
+    if modules is not None:
+        if isinstance(modules, bool) or not isinstance(modules, int) or modules < 1:
+            raise ConfigError("num_nextn_predict_layers", f"must be >= 1, got {modules!r}")
+        if spec is None or spec.method != "mtp":
+            raise ConfigError(
+                "num_nextn_predict_layers", "is an MTP drafter's: speculative method 'mtp'"
+            )
 
 
 RETENTION_KINDS = ("sliding_window", "sliding_window_mla", "mamba")

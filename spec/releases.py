@@ -127,8 +127,11 @@ class Release:
     def drops_last_hit_block(self, method: str | None) -> bool:
         return method in self.block_drop_methods
 
-    def num_hash_lookahead_tokens(self, method: str | None) -> int:
-        return 1 if method in self.hash_lookahead_methods else 0
+    def num_hash_lookahead_tokens(self, method: str | None, prefill_lookahead: int = 1) -> int:
+        """vLLM's ``num_hash_lookahead_tokens``: the drafter's prefill lookahead
+        (``EngineConfig.num_prefill_lookahead_tokens``, 1 for a single-module drafter)
+        where the release hashes ahead for ``method``, else 0."""
+        return prefill_lookahead if method in self.hash_lookahead_methods else 0
 
 
 def _table(rows: Mapping[str, PerK]) -> Mapping[str, PerK]:

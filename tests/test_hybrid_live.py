@@ -360,11 +360,7 @@ def test_layers_of_one_kind_at_one_block_size_make_one_group(family: str, profil
     ((name, group),) = row.groups
     release = profile_named(profile).release
     config = dataclasses.replace(row.config(release), max_model_len=64, num_gpu_blocks=80)
-    # The live adapter builds no MTP drafter; EAGLE stands in, as in the recorded traces.
-    stand_in = SpeculativeConfig("eagle", 1) if row.method == "mtp" else config.speculative_config
-    vllm_config = LiveScheduler(
-        dataclasses.replace(config, speculative_config=stand_in)
-    ).vllm_config
+    vllm_config = LiveScheduler(config).vllm_config
     groups = get_kv_cache_groups(vllm_config, ONE_GROUP_LAYERS[family](group.block_size))
     assert [type(g.kv_cache_spec).__name__ for g in groups] == ["UniformTypeKVCacheSpecs"]
     worker = kv.KVCacheConfig(num_blocks=80, kv_cache_tensors=[], kv_cache_groups=groups)

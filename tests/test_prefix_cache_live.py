@@ -224,8 +224,10 @@ def _every_block_evictable(self: BlockPool, blocks: Iterable[int]) -> int:
     return len(list(blocks))
 
 
-def _flipped_block_drop(release: Release, method: str | None) -> HitRule:
-    rule = _HIT_RULE_OF(release, method)
+def _flipped_block_drop(
+    release: Release, method: str | None, prefill_lookahead: int = 1
+) -> HitRule:
+    rule = _HIT_RULE_OF(release, method, prefill_lookahead)
     return dataclasses.replace(rule, drop_last_block=not rule.drop_last_block)
 
 

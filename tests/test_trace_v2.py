@@ -113,7 +113,6 @@ UNMODELLED = {
     "long_prefill_token_threshold_adaptive": True,
     "prefill_schedule_interval": 2,
     "num_speculative_tokens_per_batch_size": [[1, 8, 2]],
-    "num_nextn_predict_layers": 3,
     "disable_eagle_block_drop": True,
     "disable_lookahead_block_hashes": True,
     "kv_cache_groups": ["FullAttentionSpec", "SlidingWindowSpec"],
@@ -151,7 +150,6 @@ def test_a_setting_the_reference_does_not_model_is_refused_by_name(
     ("name", "value"),
     [
         ("max_num_active_seqs", 32),  # the profile's own cap: max_num_seqs
-        ("num_nextn_predict_layers", 1),  # a single MTP module reads no further ahead
     ],
 )
 def test_values_the_reference_derives_itself_replay(
@@ -159,6 +157,17 @@ def test_values_the_reference_derives_itself_replay(
 ) -> None:
     run = dualbudget("replay", write(tmp_path, with_header(lines, **{f"settings.{name}": value})))
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_mtp_modules_on_another_drafters_trace_are_refused_by_name(
+    tmp_path: Path, lines: list[str]
+) -> None:
+    """The modules are an MTP drafter's: recorded beside another method, the header
+    contradicts itself, and replay says which setting."""
+    header = with_header(lines, **{"settings.num_nextn_predict_layers": 3})
+    run = dualbudget("replay", write(tmp_path, header))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "num_nextn_predict_layers: is an MTP drafter's" in run.stderr
 
 
 def test_a_request_with_structured_outputs_is_refused_by_name(tmp_path: Path) -> None:

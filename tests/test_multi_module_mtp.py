@@ -1,0 +1,179 @@
+"""Multi-module MTP (``num_nextn_predict_layers`` > 1, K > 1): each module reads one
+prompt token further past a prefill chunk, so vLLM ends no chunk within K tokens of the
+prompt's end, caches none of a chunk's last K - 1 tokens until the next chunk, keeps them
+below a sliding window and (0.33) hashes each block with the K tokens after it.
+
+Hand-worked cases on the reference, each also run in lockstep against the installed vLLM
+(an EAGLE drafter relabelled MTP: ``integration.live``), then crowds of requests on a
+full-attention and a sliding-window + full-attention layout, sync and async, caching on
+and off."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dualbudget.reference.async_scheduler import make_scheduler
+from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep
+from dualbudget.reference.scheduler import Scheduler
+from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup, SpeculativeConfig
+from dualbudget.spec.profiles import PROFILES, profile_named
+
+K = 3
+PROMPT = tuple(range(100, 110))
+"""Ten prompt tokens: a chunk of 8 leaves 2, within K = 3 of the end."""
+
+
+def mtp_config(modules: int, **changes: object) -> EngineConfig:
+    """MTP with K = 3 and ``modules`` modules; chunks of at most 8 tokens
+    (``long_prefill_token_threshold``), blocks of 4 tokens."""
+    config = EngineConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=4,
+        num_gpu_blocks=64,
+        long_prefill_token_threshold=8,
+        speculative_config=SpeculativeConfig("mtp", K),
+        num_nextn_predict_layers=modules,
+    )
+    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+
+
+def first_step(config: EngineConfig, profile: str) -> tuple[Scheduler, int]:
+    """The reference after one step with PROMPT waiting, a longer prompt behind it (vLLM
+    applies the threshold only where a request could be starved): the tokens PROMPT got."""
+    reference = make_scheduler(config, profile_named(profile))
+    reference.handle(AddRequest("a", len(PROMPT), 4, prompt_token_ids=PROMPT))
+    behind = tuple(range(500, 530))
+    reference.handle(AddRequest("b", len(behind), 4, prompt_token_ids=behind))
+    record = reference.handle(ScheduleStep())
+    assert record is not None
+    return reference, record.num_scheduled_tokens["a"]
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_config_reads_the_lookahead_as_vllm_does(profile: str) -> None:
+    assert mtp_config(3).num_prefill_lookahead_tokens == K
+    assert mtp_config(3).num_reprefillable_tokens == K - 1
+    # One module, or K = 1: the drafter reads only the next token.
+    assert mtp_config(1).num_prefill_lookahead_tokens == 1
+    one_draft = mtp_config(3, speculative_config=SpeculativeConfig("mtp", 1))
+    assert one_draft.num_prefill_lookahead_tokens == 1
+    assert mtp_config(1).num_reprefillable_tokens == 0
+
+
+def test_modules_belong_to_an_mtp_drafter() -> None:
+    from dualbudget.spec.config import check_engine_config
+
+    with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
+        check_engine_config(mtp_config(3, speculative_config=SpeculativeConfig("eagle", K)))
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_a_chunk_ends_no_closer_than_k_to_the_prompts_end(profile: str) -> None:
+    """A chunk of 8 of the 10 prompt tokens would leave 2 < K: it gives back 1 so that 3
+    are left. One module reads only the next token: the chunk stays 8."""
+    assert first_step(mtp_config(3), profile)[1] == 7
+    assert first_step(mtp_config(1), profile)[1] == 8
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_the_reprefillable_tokens_are_cached_with_the_next_chunk(profile: str) -> None:
+    """With caching, the first chunk (7 tokens) caches the full blocks of its first
+    7 - (K - 1) = 5 tokens: one block, where one module's first chunk (8 tokens) caches
+    two. After the second chunk the prompt's hashed blocks are cached either way."""
+    many, scheduled = first_step(mtp_config(3, enable_prefix_caching=True), profile)
+    assert scheduled == 7 and many.state.requests["a"].num_cached_blocks == 1
+    one, scheduled = first_step(mtp_config(1, enable_prefix_caching=True), profile)
+    assert scheduled == 8 and one.state.requests["a"].num_cached_blocks == 2
+    many.handle(ModelOutput({"a": 0, "b": 0}))
+    record = many.handle(ScheduleStep())
+    assert record is not None and record.num_scheduled_tokens["a"] == 3
+    # As far as the hashes go: 0.33 hashes each block with the K tokens after it, so the
+    # second block of a 10-token prompt has none until a token is sampled.
+    release = profile_named(profile).release
+    num_hashes = 1 if release.num_hash_lookahead_tokens("mtp") else 2
+    assert many.state.requests["a"].num_cached_blocks == num_hashes
+
+
+SHARED = tuple(range(20))
+"""A prompt two requests share: chunks of 8 leave 12, then 4, never within K."""
+
+
+def sibling_run(modules: int, profile: str) -> list[int]:
+    """SHARED and a long prompt start (step 1: 8 tokens each); SHARED again arrives
+    before step 2, when the first has cached its first chunk's blocks and is caching its
+    second's: the second one's tokens in steps 2 and 3. No drafts are proposed."""
+    config = mtp_config(modules, enable_prefix_caching=True)
+    reference = make_scheduler(config, profile_named(profile))
+    reference.handle(AddRequest("a", len(SHARED), 4, prompt_token_ids=SHARED))
+    long = tuple(range(500, 530))
+    reference.handle(AddRequest("c", len(long), 4, prompt_token_ids=long))
+    reference.handle(ScheduleStep())
+    reference.handle(ModelOutput({"a": 0, "c": 0}))
+    reference.handle(AddRequest("b", len(SHARED), 4, prompt_token_ids=SHARED))
+    scheduled = []
+    for _ in range(2):
+        record = reference.handle(ScheduleStep())
+        assert record is not None
+        scheduled.append(record.num_scheduled_tokens.get("b", 0))
+        done = reference.state.requests
+        sampled = {
+            rid: int(done[rid].num_computed_tokens >= done[rid].prompt_len)
+            for rid in record.num_scheduled_tokens
+        }
+        reference.handle(
+            ModelOutput(sampled, token_ids={rid: (7,) * n for rid, n in sampled.items() if n})
+        )
+    return scheduled
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_a_sibling_hits_only_the_finalized_blocks(profile: str) -> None:
+    """When the second SHARED is admitted (step 2) the first has cached the blocks of
+    its first 16 tokens but K - 1 = 2: three blocks, where one module caches four.
+    0.33 hashes ahead and drops no block: a hit of 12 tokens leaves 8 (one module: 16,
+    4). 0.32 drops the hit's last block: 8 tokens hit, then 8 and 4 scheduled (one
+    module: 12 hit, 8 scheduled, then a decode of 1)."""
+    if profile_named(profile).release.drops_last_hit_block("mtp"):
+        assert sibling_run(3, profile) == [8, 4]
+        assert sibling_run(1, profile) == [8, 1]
+    else:
+        assert sibling_run(3, profile)[0] == 8
+        assert sibling_run(1, profile)[0] == 4
+
+
+def test_a_sliding_window_keeps_the_reprefillable_tokens() -> None:
+    """SlidingWindowSpec.extra_retained_tokens: K - 1 tokens past the window are kept."""
+    from dualbudget.reference.kv_single_type import single_type_manager
+
+    window = KVGroup("sliding_window", 4, sliding_window=4)
+    config = mtp_config(3, kv_groups=(window, KVGroup("full_attention", 4)))
+    manager = single_type_manager(window, config)
+    # 20 computed tokens: the window holds the last 3 + 1; 2 more are retained.
+    assert manager.num_skipped_tokens(20) == 20 - 3 - (K - 1)
+    one = single_type_manager(window, mtp_config(1, kv_groups=config.kv_groups))
+    assert one.num_skipped_tokens(20) == 20 - 3
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_a_lookahead_longer_than_a_dropped_block_is_refused_where_vllm_refuses(
+    profile: str,
+) -> None:
+    """vLLM's coordinator refuses, with caching, a lookahead longer than a scheduler
+    block where some group drops its hit's last block: 0.32 drops it for MTP (every
+    group); 0.33 hashes ahead instead, so only a group marked as the drafter's drops."""
+    small = mtp_config(3, block_size=2, enable_prefix_caching=True)
+    release = profile_named(profile).release
+    if release.drops_last_hit_block("mtp"):
+        with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
+            make_scheduler(small, profile_named(profile))
+    else:
+        make_scheduler(small, profile_named(profile))
+        marked = dataclasses.replace(
+            small, kv_groups=(KVGroup("full_attention", 2, is_eagle_group=True),)
+        )
+        with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
+            make_scheduler(marked, profile_named(profile))
