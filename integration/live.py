@@ -643,9 +643,10 @@ class LiveScheduler:
                 )
                 # Some refusals are asserted only at a request's first prefix lookup
                 # (0.32's chunked local attention beside an EAGLE group): one lookup of
-                # an empty prompt asks every group's manager now.
+                # an empty prompt, of no tokens (a longer one would index past its
+                # hashes), asks every group's manager now.
                 coordinator = self.scheduler.kv_cache_manager.coordinator
-                coordinator.find_longest_cache_hit([], config.max_model_len)
+                coordinator.find_longest_cache_hit([], 0)
             except (AssertionError, ValueError, NotImplementedError) as err:
                 raise Unsupported(config, _one_line(err)) from None
         self.layout = config.layout or NO_SPECULATION

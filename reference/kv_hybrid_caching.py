@@ -249,6 +249,15 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         every one of them has its block cached (``BlockPool.get_cached_block``)."""
         manager, block_size = self.groups[group_ids[0]], self.block_size
         max_blocks = max_length // block_size
+        if max_blocks > len(hashes) and isinstance(manager, MambaManager | SlidingWindowManager):
+            # These searches start from the right, at the block max_length ends in; only a
+            # first lookup (no full-attention group bounded it) of hashes lagging more
+            # than a token (0.33's multi-module MTP lookahead) starts past them.
+            raise UnmirroredVllmCrash(
+                "lookup-past-lookahead-hashes",
+                f"vLLM's {type(manager).__name__}.find_longest_cache_hit indexes block"
+                f" {max_blocks - 1} of a request's {len(hashes)} block hashes (IndexError)",
+            )
 
         if isinstance(manager, MambaManager):
             # From the right: the one state block ending at the hit, the places before it

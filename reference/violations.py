@@ -25,6 +25,7 @@ VLLM_CRASHES = (
     "mamba-moves-a-shared-block",
     "mamba-takes-several-state-blocks",
     "negative-output-placeholders",
+    "lookup-past-lookahead-hashes",
 )
 """The vLLM assertions the reference mirrors, by name: where vLLM fails one, the reference
 raises ``UnmirroredVllmCrash`` naming it. ``proofs/manifest.toml`` ``[crashes.NAME]``

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dualbudget.integration.lockstep import ConfigRefused, Lockstep
+from dualbudget.integration.lockstep import ConfigRefused, Lockstep, MirroredCrash
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import InvalidEvent
 from dualbudget.reference.replay import replay_trace
@@ -175,3 +175,24 @@ def test_a_recorded_multi_module_trace_replays_agreeing(profile: str, tmp_path: 
             replay_trace(one_module)
     else:
         assert not replay_trace(one_module).ok
+
+
+def test_vllm_indexes_past_the_lookahead_hashes_without_full_attention(profile: str) -> None:
+    """A lone sliding-window group with prefix caching: 0.33 hashes each block with the K
+    tokens after it, and its sliding-window search starts at the block num_tokens - 1
+    ends in, past a 10-token prompt's one hash: vLLM raises IndexError and the reference
+    its mirrored crash. 0.32 hashes no token ahead, and schedules the prompt; so does
+    0.33 with one module."""
+    window = (KVGroup("sliding_window", 4, sliding_window=8),)
+    config = mtp_config(3, enable_prefix_caching=True, kv_groups=window)
+    release = profile_named(profile).release
+    for modules in (1, 3):
+        lock = Lockstep(dataclasses.replace(config, num_nextn_predict_layers=modules), profile)
+        lock.add(len(PROMPT), 4, prompt_token_ids=PROMPT)
+        if modules > 1 and release.num_hash_lookahead_tokens("mtp"):
+            with pytest.raises(MirroredCrash, match="live: IndexError") as crashed:
+                lock.run_step(lambda rid, drafts: drafts, lambda rid: K)
+            assert crashed.value.crash == "lookup-past-lookahead-hashes"
+        else:
+            record, _ = lock.run_step(lambda rid, drafts: drafts, lambda rid: K)
+            assert record.num_scheduled_tokens["0"] == len(PROMPT)
