@@ -170,14 +170,9 @@ def hybrid_caching_manager(
             )
     # The hash's block size is the groups' one (vLLM hashes at their GCD).
     block_size = groups[0].block_size
-    reprefillable = config.num_reprefillable_tokens
+    # Only the requests' hashes: the coordinator caches each group's blocks itself.
     hashing = PrefixCachingKVCacheManager(
-        block_size,
-        manager.max_model_len,
-        manager.num_lookahead_tokens,
-        rule,
-        manager.observed,
-        reprefillable,
+        block_size, manager.max_model_len, manager.num_lookahead_tokens, rule, manager.observed
     )
     return HybridPrefixCachingKVCacheManager(
         block_size,
@@ -196,7 +191,7 @@ def hybrid_caching_manager(
         tuple(drop_groups),
         types,
         retains_block_below_junction=release.retains_block_below_junction,
-        num_reprefillable_tokens=reprefillable,
+        num_reprefillable_tokens=config.num_reprefillable_tokens,
         rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
     )
 

@@ -97,6 +97,17 @@ in-flight output already reaches max_tokens, a request finished by EOS or a stop
 ``PREFIX_OBSERVED`` and ``KV_GROUP_OBSERVED``."""
 
 
+def reserve_prefill_lookahead(num_left: int, q: int, lookahead: int) -> int:
+    """vLLM's ``_reserve_prefill_lookahead``, for both scheduling loops: of ``num_left``
+    tokens to compute, ``q`` less what keeps the chunk from ending within ``lookahead``
+    tokens of the end (multi-module MTP's drafter reads that many past it); a no-op for a
+    lookahead of one token or none."""
+    remaining = num_left - q
+    if 0 < remaining < lookahead:
+        return q - (lookahead - remaining)
+    return q
+
+
 _NONE_STALE: Set[str] = frozenset()
 
 
@@ -358,10 +369,8 @@ class Scheduler:
             if split is not None:
                 # Mamba align: the chunk ends where a state is cached, before its charge.
                 q = split(request, computed, q)
-            if lookahead > 1 and 0 < num_tokens - computed - q < lookahead:
-                # Multi-module MTP: the chunk ends where the drafter still finds its K
-                # tokens after it, or not at all.
-                q -= lookahead - (num_tokens - computed - q)
+            if lookahead > 1:
+                q = reserve_prefill_lookahead(num_tokens - computed, q, lookahead)
             if q <= 0:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
@@ -519,16 +528,15 @@ class Scheduler:
                 if padded and q != 1 + k:
                     # vLLM drops the padding rather than shorten it.
                     q, padded = 1, False
-            remaining = request.num_tokens - computed - q
-            if 0 < remaining < self.num_prefill_lookahead_tokens:
-                # Multi-module MTP, as in the RUNNING loop; a request left no tokens is
-                # handled as one granted none.
-                q -= self.num_prefill_lookahead_tokens - remaining
-                if q <= 0:
-                    if self.release.requeues_unscheduled_waiting:
-                        skipped.append(self._pop_waiting(request.request_id))
-                        continue
-                    break
+            q = reserve_prefill_lookahead(
+                request.num_tokens - computed, q, self.num_prefill_lookahead_tokens
+            )
+            if q <= 0:
+                # Left no tokens by the lookahead: handled as a request granted none.
+                if self.release.requeues_unscheduled_waiting:
+                    skipped.append(self._pop_waiting(request.request_id))
+                    continue
+                break
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), vLLM's default
             if not kv.full_sequence_fits(state, request, hit) or not kv.allocate_slots(
                 state, request, q, hit
