@@ -155,6 +155,15 @@ def kv_cache_group_names(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     return names
 
 
+def _largest_in_groups(kv_cache_config: Any, field: str) -> int:
+    """The largest value of a spec field across the KV cache groups (0 where a spec class
+    has no such field)."""
+    return max(
+        (int(getattr(group.kv_cache_spec, field, 0)) for group in kv_cache_config.kv_cache_groups),
+        default=0,
+    )
+
+
 def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
     """The engine-scope settings of ``reference/settings.py``, read from the live config."""
     sched = vllm_config.scheduler_config
@@ -186,13 +195,11 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
         # sets from cache_config (default 0, sparse); a scheduler built on its own
         # KVCacheConfig runs that one's (None, dense).
         "prefix_cache_retention_interval": kv_cache_config.prefix_cache_retention_interval,
-        "mamba_prefill_checkpoint_blocks": max(
-            (
-                int(getattr(group.kv_cache_spec, "num_prefill_checkpoint_blocks", 0))
-                for group in kv_cache_config.kv_cache_groups
-            ),
-            default=0,
+        "mamba_prefill_checkpoint_blocks": _largest_in_groups(
+            kv_cache_config, "num_prefill_checkpoint_blocks"
         ),
+        # vLLM asserts its groups agree on one window; every other spec replays none.
+        "prefix_replay_tokens": _largest_in_groups(kv_cache_config, "prefix_replay_tokens"),
         "prefix_match_unit": vllm_config.cache_config.prefix_match_unit,
         "enable_mamba_shared_prefix_checkpoint": bool(
             vllm_config.cache_config.enable_mamba_shared_prefix_checkpoint

@@ -223,6 +223,16 @@ SETTINGS: tuple[Setting, ...] = (
         recorded_since=3, optional=True,
     ),
     Setting(
+        "prefix_replay_tokens",
+        "kv_cache_config.kv_cache_groups[].kv_cache_spec.prefix_replay_tokens (a"
+        " SlidingWindowMLASpec with bounded_replay, DeepSeek V4.1's sliding-window layers:"
+        " its window)",
+        0, False, 0,
+        "a prefix hit recomputes its last window of tokens and one no longer than the"
+        " window is dropped; the replaying group takes no part in prefix caching",
+        recorded_since=3, optional=True,
+    ),
+    Setting(
         "prefix_match_unit", "cache_config.prefix_match_unit (the hash block size of"
         " several KV groups)", None, False, None,
         "prefix hits land on a hash block finer than the groups' block: a Mamba group's"

@@ -298,6 +298,63 @@ def test_a_group_told_apart_by_a_field_the_reference_lacks_is_refused_on_replay(
     assert found is not None and found[0].name == "kv_cache_groups"
 
 
+def test_a_bounded_replay_window_changes_what_vllm_schedules(
+    profile: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeepSeek V4.1's sliding-window MLA layers replay a prefix hit's last window
+    (``bounded_replay``): the group takes no part in the lookup, and the scheduler
+    recomputes the window's tokens. A second prompt sharing three blocks with a finished
+    one starts 48 tokens in beside a plain window (the reference agrees) and 16 tokens in
+    beside a replaying one, so the recorder writes the window and replay refuses it."""
+    from dualbudget.integration import live as live_module
+    from dualbudget.integration.recorder import settings_of
+
+    config = EngineConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        max_model_len=128,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig("ngram", 2),
+        enable_prefix_caching=True,
+        kv_groups=(
+            KVGroup("sliding_window_mla", 16, sliding_window=32),
+            KVGroup("mla_attention", 16),
+        ),
+    )
+    first = tuple(range(64))
+    second = first[:48] + tuple(range(100, 116))
+    events = (
+        kv_group_cases.add("a", first, 1),
+        ScheduleStep(),
+        kv_group_cases.sample_ids(a=(7,)),
+        kv_group_cases.add("b", second, 1),
+        ScheduleStep(),
+    )
+
+    def second_prompt_start(handle: Callable[[object], StepRecord | None]) -> int:
+        records = [record for event in events if (record := handle(event)) is not None]
+        return 64 - records[-1].num_scheduled_tokens["b"]
+
+    lock = Lockstep(config, profile)
+    assert second_prompt_start(lock.handle) == 48  # type: ignore[arg-type]
+    plain_spec_of = live_module.kv_cache_spec_of
+
+    def replaying(group: KVGroup, engine: EngineConfig, version: str) -> object:
+        spec = plain_spec_of(group, engine, version)
+        if group.kind == "sliding_window_mla":
+            spec = dataclasses.replace(spec, bounded_replay=True)
+        return spec
+
+    monkeypatch.setattr(live_module, "kv_cache_spec_of", replaying)
+    bounded = live_module.LiveScheduler(config)
+    assert second_prompt_start(bounded.handle) == 16  # type: ignore[arg-type]
+    recorded = settings_of(bounded.vllm_config, bounded.kv_cache_config)
+    assert recorded["prefix_replay_tokens"] == 32
+    found = first_unreplayed(recorded, config, profile_named(profile))
+    assert found is not None and found[0].name == "prefix_replay_tokens"
+
+
 def _deepseek_v32_layers(block_size: int) -> dict[str, object]:
     # MLA latents (576 wide) and the indexer's keys: an MLA spec of another head size.
     import torch

@@ -48,6 +48,7 @@ OTHER_VALUE: dict[str, Any] = {
     "kv_cache_groups": ["FullAttentionSpec", "SlidingWindowSpec"],
     "prefix_cache_retention_interval": 0,
     "mamba_prefill_checkpoint_blocks": 1,
+    "prefix_replay_tokens": 128,
     "prefix_match_unit": 8,
     "enable_mamba_shared_prefix_checkpoint": True,
     "enable_lora": True,

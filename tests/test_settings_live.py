@@ -116,10 +116,14 @@ class KVCacheChange:
 
 
 @dataclasses.dataclass(frozen=True)
-class MambaSpecChange:
-    """A Mamba ``align`` group beside full attention whose ``MambaSpec`` carries the row
-    at ``value``, as a model's Mamba layers set it (the CPU build's layers set none)."""
+class SpecChange:
+    """A live scheduler on ``config``'s groups whose first group's spec has ``field`` at
+    ``to``, as a model's layers set it (the CPU build's layers set none), and the value
+    the header must then hold."""
 
+    config: EngineConfig
+    field: str
+    to: Any
     value: Any
 
 
@@ -127,6 +131,14 @@ MAMBA = dataclasses.replace(
     CONFIG,
     num_gpu_blocks=64,
     kv_groups=(KVGroup("mamba", 16, mamba_cache_mode="align"), KVGroup("full_attention", 16)),
+)
+SLIDING_MLA = dataclasses.replace(
+    CONFIG,
+    num_gpu_blocks=64,
+    kv_groups=(
+        KVGroup("sliding_window_mla", 16, sliding_window=32),
+        KVGroup("mla_attention", 16),
+    ),
 )
 
 
@@ -169,9 +181,7 @@ def _with_image() -> Any:
 
 EAGLE = dataclasses.replace(CONFIG, speculative_config=SpeculativeConfig("eagle", 2))
 
-CHANGES: dict[
-    str, EngineChange | RequestChange | GroupsChange | KVCacheChange | MambaSpecChange
-] = {
+CHANGES: dict[str, EngineChange | RequestChange | GroupsChange | KVCacheChange | SpecChange] = {
     "enable_prefix_caching": EngineChange(
         _setter("cache_config.enable_prefix_caching", False), False
     ),
@@ -209,7 +219,8 @@ CHANGES: dict[
         ["SlidingWindowSpec", "FullAttentionSpec"],
     ),
     "prefix_cache_retention_interval": KVCacheChange(0),
-    "mamba_prefill_checkpoint_blocks": MambaSpecChange(1),
+    "mamba_prefill_checkpoint_blocks": SpecChange(MAMBA, "num_prefill_checkpoint_blocks", 1, 1),
+    "prefix_replay_tokens": SpecChange(SLIDING_MLA, "bounded_replay", True, 32),
     "prefix_match_unit": EngineChange(_setter("cache_config.prefix_match_unit", 8), 8),
     "enable_mamba_shared_prefix_checkpoint": EngineChange(
         _setter("cache_config.enable_mamba_shared_prefix_checkpoint", True), True
@@ -273,11 +284,11 @@ def test_the_recorder_reads_each_row_from_vllm(live: Any, setting: Setting) -> N
     elif isinstance(change, KVCacheChange):
         kv_cache_config = dataclasses.replace(live.kv_cache_config, **{setting.name: change.value})
         read = settings_of(live.vllm_config, kv_cache_config)[setting.name]
-    elif isinstance(change, MambaSpecChange):
-        built = LiveScheduler(MAMBA)
-        mamba, full = built.kv_cache_config.kv_cache_groups
-        spec = dataclasses.replace(mamba.kv_cache_spec, num_prefill_checkpoint_blocks=change.value)
-        groups = [dataclasses.replace(mamba, kv_cache_spec=spec), full]
+    elif isinstance(change, SpecChange):
+        built = LiveScheduler(change.config)
+        first, *others = built.kv_cache_config.kv_cache_groups
+        spec = dataclasses.replace(first.kv_cache_spec, **{change.field: change.to})
+        groups = [dataclasses.replace(first, kv_cache_spec=spec), *others]
         kv_cache_config = dataclasses.replace(built.kv_cache_config, kv_cache_groups=groups)
         read = settings_of(built.vllm_config, kv_cache_config)[setting.name]
     else:

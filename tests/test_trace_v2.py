@@ -116,6 +116,7 @@ UNMODELLED = {
     "disable_eagle_block_drop": True,
     "disable_lookahead_block_hashes": True,
     "kv_cache_groups": ["FullAttentionSpec", "SlidingWindowSpec"],
+    "prefix_replay_tokens": 128,
     "prefix_match_unit": 8,
     "enable_mamba_shared_prefix_checkpoint": True,
     "enable_lora": True,
