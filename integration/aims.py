@@ -13,7 +13,8 @@ same invariant.
 block size, ``max_model_len``, the long-prefill threshold, ``max_num_seqs``, chunked
 prefill, the budgets (``Budgets``: how ``max_num_batched_tokens`` B and the token budget
 are drawn, one pair of the aim's), then B and ``max_num_scheduled_tokens`` (the one whose
-range depends on the other second), the KV pool and the scheduling policy. B always
+range depends on the other second), the KV pool, the scheduling policy and, on the EAGLE
+row, whether its drafter is MTP of K modules. B always
 meets vLLM's checks (B >= ``max_num_seqs``, B >= ``max_model_len`` without chunked
 prefill) and, but for ``mixed``, stays above the lookahead (``num_lookahead_tokens``),
 which both releases demand: aimed configs are never refused.
@@ -22,7 +23,7 @@ which both releases demand: aimed configs are never refused.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import hypothesis.strategies as st
@@ -328,6 +329,20 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
     need = full_request_blocks(max_model_len, block_size, groups)
     pool = _one_of(draw, bounds.pools, "pool")
     num_gpu_blocks = _ranged(draw, *pool.range_at(need, seqs), "num_gpu_blocks")
+    speculative = SpeculativeConfig.for_layout(layout_named(layout), k)
+    modules = None
+    # In one draw of two the row's drafter is MTP of K modules: no prefill chunk ends
+    # within K of the prompt's end and a chunk's last K - 1 tokens wait for the next to
+    # be cached. vLLM refuses it with prefix caching on a scheduler block shorter than K,
+    # which the draw never asks for.
+    if (
+        "mtp" in layout_named(layout).methods
+        and k > 1
+        and (k <= block_size or not caching)
+        and draw(st.booleans(), label="multi-module MTP")
+    ):
+        speculative = replace(speculative, method="mtp")
+        modules = k
     return EngineConfig(
         max_num_batched_tokens=b,
         max_num_seqs=seqs,
@@ -338,11 +353,12 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
         long_prefill_token_threshold=threshold,
         scheduling_policy=_one_of(draw, bounds.policies, "scheduling_policy"),
         max_num_scheduled_tokens=cap,
-        speculative_config=SpeculativeConfig.for_layout(layout_named(layout), k),
+        speculative_config=speculative,
         enable_prefix_caching=caching,
         kv_groups=groups,
         prefix_cache_retention_interval=retention,
         mamba_prefill_checkpoint_blocks=checkpoints,
+        num_nextn_predict_layers=modules,
     )
 
 

@@ -40,6 +40,12 @@ def where_full_hits_happen(release: Release, spec: SpeculativeConfig) -> bool:
     return not release.drops_last_hit_block(spec.method)
 
 
+def where_mtp_is_drawn(release: Release, spec: SpeculativeConfig) -> bool:
+    """The row whose methods include MTP (the EAGLE row): the aims draw its drafter as MTP
+    of K modules now and then."""
+    return "mtp" in spec.layout.methods
+
+
 @dataclass(frozen=True)
 class CoverageEvent:
     """One coverage event: its counter, its column head, the aim that draws it, where it
@@ -167,6 +173,16 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         " outputs, sync and async.",
     ),
     CoverageEvent(
+        "prefill_lookahead_reserved",
+        "mtp-reserve",
+        "mixed",
+        "A prefill chunk cut back so as not to end within K tokens of the prompt's end"
+        " (vLLM's _reserve_prefill_lookahead, multi-module MTP): on the EAGLE row one"
+        " config of two with K > 1 draws MTP of K modules, and chunked prompts longer"
+        " than what is left of the budget end at any token.",
+        where_mtp_is_drawn,
+    ),
+    CoverageEvent(
         "prefix_hit",
         "hit",
         "prefix",
@@ -241,9 +257,9 @@ COVERAGE: tuple[CoverageEvent, ...] = (
     ),
 )
 """Every coverage event, in the coverage table's order. Every row of the method table is
-fuzzed: vLLM builds each from config-only folders (mtp, which needs an MTP target
-checkpoint, and suffix, which needs arctic-inference, are not rows; see
-docs/vllm-environments.md)."""
+fuzzed: vLLM builds each from config-only folders (suffix, which needs arctic-inference,
+is not fuzzed; MTP, which needs an MTP target checkpoint, runs as the EAGLE row's drafter
+relabelled; see docs/vllm-environments.md)."""
 
 EVENT_NAMES = tuple(event.name for event in COVERAGE)
 """The counters, in the table's order."""

@@ -45,6 +45,8 @@ SETTINGS: Mapping[str, Callable[[str, EngineConfig], int]] = {
     "num_gpu_blocks": lambda _, c: c.num_gpu_blocks,
     "long_prefill_token_threshold": lambda _, c: c.long_prefill_token_threshold,
     "num_speculative_tokens": lambda _, c: c.num_speculative_tokens,
+    # K for multi-module MTP, 1 for another drafter on the target's hidden states, else 0.
+    "num_prefill_lookahead_tokens": lambda _, c: c.num_prefill_lookahead_tokens,
     "max_num_new_slots_for_drafting": _drafting_slots,
     # A flag as 0 or 1, so that a condition can compare it like the counts.
     "enable_chunked_prefill": lambda _, c: int(c.enable_chunked_prefill),

@@ -187,6 +187,9 @@ def hybrid_caching_manager(
         rule.drop_last_block,
         manager.checkpoint_blocks,
         manager.retention_interval,
+        # get_mamba_prefill_checkpoint_position leaves the tokens a hash covers past its
+        # block (0.33: K for multi-module MTP), at least one.
+        max(1, rule.num_hash_lookahead_tokens),
         hashing,
         tuple(drop_groups),
         types,

@@ -53,6 +53,10 @@ class HybridKVCacheManager(KVCacheManager):
     """``KVCacheConfig.prefix_cache_retention_interval``: at 0 only the chunk that ends
     the prefill reserves a checkpoint (``_prefill_end``); with caching it also says which
     full blocks a sliding-window group caches."""
+    checkpoint_recompute_tokens: int = 1
+    """The tokens the last reusable state leaves to recompute where no block is dropped:
+    one, or the tokens each hash covers past its block where that is more (0.33's
+    ``num_hash_lookahead_tokens`` with caching: K for multi-module MTP)."""
 
     @property
     def enable_caching(self) -> bool:
@@ -306,12 +310,12 @@ class HybridKVCacheManager(KVCacheManager):
 
     def _checkpoint_position(self, num_tokens: int) -> int:
         """``get_mamba_prefill_checkpoint_position``: the last block boundary whose state a
-        resend could reuse, one token left to recompute (or the one lookahead token a
-        hash covers), or a block less where the drafter's last block is dropped."""
+        resend could reuse, ``checkpoint_recompute_tokens`` left to recompute, or a block
+        less where the drafter's last block is dropped."""
         block_size = self.split_block_size
         if self.drop_eagle_block:
             return max(num_tokens // block_size * block_size - block_size, 0)
-        return (num_tokens - 1) // block_size * block_size
+        return max(num_tokens - self.checkpoint_recompute_tokens, 0) // block_size * block_size
 
 
 def hybrid_manager(

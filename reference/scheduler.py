@@ -87,6 +87,7 @@ OBSERVED = (
     "stale_output",
     "in_flight_max_tokens_skip",
     "natural_stop",
+    "prefill_lookahead_reserved",
     *PREFIX_OBSERVED,
     *KV_GROUP_OBSERVED,
 )
@@ -94,7 +95,8 @@ OBSERVED = (
 a step scheduled while an earlier one's output is outstanding, an output arriving for a
 request preempted after its step was scheduled, a running request skipped because its
 in-flight output already reaches max_tokens, a request finished by EOS or a stop token,
-``PREFIX_OBSERVED`` and ``KV_GROUP_OBSERVED``."""
+a prefill chunk cut back so as not to end within multi-module MTP's lookahead of the
+prompt's end, ``PREFIX_OBSERVED`` and ``KV_GROUP_OBSERVED``."""
 
 
 def reserve_prefill_lookahead(num_left: int, q: int, lookahead: int) -> int:
@@ -370,7 +372,7 @@ class Scheduler:
                 # Mamba align: the chunk ends where a state is cached, before its charge.
                 q = split(request, computed, q)
             if lookahead > 1:
-                q = reserve_prefill_lookahead(num_tokens - computed, q, lookahead)
+                q = self._reserve_prefill_lookahead(num_tokens - computed, q)
             if q <= 0:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
@@ -528,9 +530,7 @@ class Scheduler:
                 if padded and q != 1 + k:
                     # vLLM drops the padding rather than shorten it.
                     q, padded = 1, False
-            q = reserve_prefill_lookahead(
-                request.num_tokens - computed, q, self.num_prefill_lookahead_tokens
-            )
+            q = self._reserve_prefill_lookahead(request.num_tokens - computed, q)
             if q <= 0:
                 # Left no tokens by the lookahead: handled as a request granted none.
                 if self.release.requeues_unscheduled_waiting:
@@ -568,6 +568,14 @@ class Scheduler:
                 step.padded.append(request.request_id)
         # Requests skipped this step go back to the front, in their order.
         state.waiting[:0] = skipped
+
+    def _reserve_prefill_lookahead(self, num_left: int, q: int) -> int:
+        """``reserve_prefill_lookahead`` at the config's lookahead, counting each chunk
+        it cuts back (``prefill_lookahead_reserved``)."""
+        reserved = reserve_prefill_lookahead(num_left, q, self.num_prefill_lookahead_tokens)
+        if reserved < q:
+            self.observed["prefill_lookahead_reserved"] += 1
+        return reserved
 
     def _count_cut(self, step: OpenStep, token_budget: int, q: int) -> None:
         """A grant of ``q`` tokens short of the need, in ``GrantCounts``."""

@@ -57,6 +57,9 @@ def _within(config: EngineConfig, bounds: ConfigBounds, profile: str, layout: st
         assert config.prefix_cache_retention_interval in (0, None)
     else:
         assert config.prefix_cache_retention_interval is None
+    if config.num_nextn_predict_layers is not None:
+        assert config.multi_module_mtp and config.num_nextn_predict_layers == k
+        assert config.block_size >= k or not config.enable_prefix_caching
     aligned = any(group.mamba_cache_mode == "align" for group in config.groups)
     assert config.mamba_prefill_checkpoint_blocks in ((0, 1) if aligned else (0,))
     need = full_request_blocks(config.max_model_len, config.block_size, config.kv_groups)
@@ -98,6 +101,7 @@ def test_every_drawn_config_lies_within_its_aims_row(
     check_engine_config(config)  # vLLM's SchedulerConfig checks: B >= seqs, ...
     if not bounds.refused_too:  # an aimed config is never refused
         profile_named(profile).policy.validate(config)
+        make_scheduler(config, profile_named(profile))
 
 
 @pytest.mark.parametrize("retention", [0, None])
@@ -131,6 +135,18 @@ def test_the_hybrid_aim_draws_chunked_local_attention_with_caching_the_reference
         settings=settings(max_examples=2000, database=None),
     )
     make_scheduler(config, profile_named(profile))
+
+
+@pytest.mark.parametrize("aim", ["prefix", "hybrid"])
+def test_the_eagle_row_draws_multi_module_mtp_with_prefix_caching(aim: str) -> None:
+    """The EAGLE row's drafter is now and then MTP of K > 1 modules, with prefix caching
+    on (where its re-prefilled tokens and 0.33's K-token hash lookahead act)."""
+    config = find(
+        aimed_config(AIMS[aim].configs, "vllm-0.33", "eagle"),
+        lambda config: config.multi_module_mtp and config.enable_prefix_caching,
+        settings=settings(max_examples=2000, database=None),
+    )
+    make_scheduler(config, profile_named("vllm-0.33"))
 
 
 def test_mixed_alone_may_draw_a_refused_config() -> None:

@@ -20,6 +20,7 @@ from dualbudget.integration.coverage import (
     required_events,
     where_async_runs,
     where_full_hits_happen,
+    where_mtp_is_drawn,
 )
 from dualbudget.integration.outcome import FuzzResult
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, OBSERVED
@@ -65,16 +66,25 @@ def test_every_rows_aim_exists() -> None:
 
 def test_the_required_events_are_the_rows_that_reach_the_release_and_layout() -> None:
     v032, v033 = release_named("0.32"), release_named("0.33")
-    assert required_events("dflash", v033) == EVENT_NAMES
-    # 0.32 drops the last hit block for DFlash: no full hit; it runs DFlash async.
-    assert required_events("dflash", v032) == tuple(
+    assert required_events("eagle", v033) == EVENT_NAMES
+    # Only the EAGLE row's drafter is ever MTP: no other row reserves MTP's lookahead.
+    assert required_events("dflash", v033) == tuple(
+        e.name for e in COVERAGE if e.reached is not where_mtp_is_drawn
+    )
+    # 0.32 drops the last hit block for EAGLE: no full hit; it runs EAGLE async.
+    assert required_events("eagle", v032) == tuple(
         e.name for e in COVERAGE if e.reached is not where_full_hits_happen
     )
     # 0.32 runs no ngram async: none of the async-only rows.
     assert required_events("ngram", v032) == tuple(
-        e.name for e in COVERAGE if e.reached is not where_async_runs
+        e.name for e in COVERAGE if e.reached not in (where_async_runs, where_mtp_is_drawn)
     )
-    assert {e.reached for e in COVERAGE} == {everywhere, where_async_runs, where_full_hits_happen}
+    assert {e.reached for e in COVERAGE} == {
+        everywhere,
+        where_async_runs,
+        where_full_hits_happen,
+        where_mtp_is_drawn,
+    }
 
 
 def test_a_release_differing_in_one_flag_changes_only_the_rows_reading_it() -> None:

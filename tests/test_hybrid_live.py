@@ -574,9 +574,9 @@ def test_a_planted_dense_retention_is_found_by_the_fuzz(
     def plant() -> None:
         monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "retained", _every_block_retained)
 
-    # Seed 3: its 20 examples cache a shared prefix under retention 0 in both releases
-    # (seed 2 does not under 0.33).
-    found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
+    # Seed 1: its 20 examples cache a shared prefix under retention 0 in both releases
+    # (seeds 3 and 4 do not under 0.32 or 0.33).
+    found = _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
     assert found.config.prefix_cache_retention_interval == 0
 
 
@@ -594,8 +594,8 @@ def test_a_planted_missing_checkpoint_block_is_found_by_the_fuzz(
             _no_checkpoint_without_caching(HybridKVCacheManager._reserve_checkpoint),
         )
 
-    # Seed 4: its 20 examples draw Mamba align with checkpoint blocks and caching off in
-    # both releases (seeds 1, 2 and 3 do not under 0.33).
-    found = _planted_is_found(profile, tmp_path, monkeypatch, 4, plant)
+    # Seed 9: its 20 examples draw Mamba align with checkpoint blocks and caching off in
+    # both releases (seeds 1 to 8 do not under 0.33).
+    found = _planted_is_found(profile, tmp_path, monkeypatch, 9, plant)
     assert not found.config.enable_prefix_caching
     assert found.config.mamba_prefill_checkpoint_blocks == 1

@@ -12,8 +12,8 @@ import pytest
 
 from dualbudget.integration import fuzz, lockstep
 from dualbudget.integration.live import Construction, Unsupported
+from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.events import Event, StepRecord
-from dualbudget.reference.scheduler import Scheduler
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import profile_named
@@ -26,7 +26,7 @@ class ReferenceAsLive:
 
     def __init__(self, config: EngineConfig) -> None:
         try:
-            self.scheduler = Scheduler(config, profile_named(PROFILE), check="collect")
+            self.scheduler = make_scheduler(config, profile_named(PROFILE), check="collect")
         except BadInput as err:
             raise Unsupported(config, str(err)) from None
         layout = config.layout.name if config.layout is not None else "none"

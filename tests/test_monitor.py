@@ -360,6 +360,29 @@ def test_no_matching_profile_falls_back_to_the_monitor_alone(
 
 
 # -- known findings, by cause ---------------------------------------------------------------
+def test_multi_module_mtps_reserve_and_stall_are_known_only_under_multi_module_mtp() -> None:
+    """The lookahead reserve's cut grants (C5) need K > 1 modules; its stall (C4) also a
+    long-prefill threshold below K. One module, or EAGLE, reads one token: neither."""
+    from dualbudget.integration.outcome import known_as
+
+    mtp = replace(
+        config("eagle", max_num_batched_tokens=32, max_num_seqs=2),
+        speculative_config=SpeculativeConfig("mtp", 3),
+        num_nextn_predict_layers=3,
+        long_prefill_token_threshold=2,
+    )
+    one_module = replace(mtp, num_nextn_predict_layers=1)
+    for profile in ("vllm-0.32", "vllm-0.33"):
+        c4, c5 = ((profile, "eagle", item) for item in ("C4", "C5"))
+        known = frozenset({c4, c5})
+        assert known_as(c5, mtp, known) == "outside_model.prefill-lookahead-reserve"
+        assert known_as(c4, mtp, known) == "outside_model.prefill-lookahead-stall"
+        at_k = replace(mtp, long_prefill_token_threshold=3)
+        assert known_as(c4, at_k, known) is None
+        assert known_as(c5, one_module, known) is None
+        assert known_as(c4, one_module, known) is None
+
+
 def test_a_break_is_labelled_with_the_finding_whose_cause_its_config_meets() -> None:
     from dualbudget.integration.outcome import known_as
 
@@ -391,8 +414,8 @@ def test_a_break_is_labelled_with_the_finding_whose_cause_its_config_meets() -> 
     # Not known to the caller (the monitor alone on an unknown version), or known by a
     # caller's own list with no manifest row: as itself.
     assert known_as(key, deadlock, frozenset()) is None
-    own = ("vllm-0.33", "eagle", "C5")
-    assert known_as(own, ngram, frozenset({own})) == "vllm-0.33/eagle/C5"
+    own = ("vllm-0.33", "pard", "C5")
+    assert known_as(own, ngram, frozenset({own})) == "vllm-0.33/pard/C5"
 
 
 def test_a_cause_condition_reads_vllms_settings_and_refuses_anything_else() -> None:

@@ -177,3 +177,28 @@ def test_a_lookahead_longer_than_a_dropped_block_is_refused_where_vllm_refuses(
         )
         with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
             make_scheduler(marked, profile_named(profile))
+
+
+MAMBA_ALIGN = (KVGroup("mamba", 4, mamba_cache_mode="align"), KVGroup("full_attention", 4))
+"""Qwen3-Next's layout at blocks of 4: Mamba in align mode beside full attention."""
+
+
+def mamba_first_chunk(profile: str) -> int:
+    """A 14-token prompt alone, prefix caching on, Mamba align: its first chunk."""
+    config = mtp_config(3, long_prefill_token_threshold=0, enable_prefix_caching=True)
+    config = dataclasses.replace(config, kv_groups=MAMBA_ALIGN)
+    reference = make_scheduler(config, profile_named(profile))
+    reference.handle(AddRequest("a", 14, 4, prompt_token_ids=tuple(range(200, 214))))
+    record = reference.handle(ScheduleStep())
+    assert record is not None
+    return record.num_scheduled_tokens["a"]
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.32", "vllm-0.33"])
+def test_a_mamba_chunk_ends_at_the_last_state_the_hashes_can_prove(profile: str) -> None:
+    """The chunk ends at the prompt's last reusable Mamba state, 8 in both releases: 0.33
+    hashes each block with the K = 3 tokens after it, so that state leaves K tokens to
+    recompute (14 - 3 = 11, down to a block: 8); 0.32 drops the drafter's last block
+    (12 - 4). Leaving one token, as a drafter reading one token past a chunk does, would
+    end the chunk at 12, and the reserve cut it to 11."""
+    assert mamba_first_chunk(profile) == 8

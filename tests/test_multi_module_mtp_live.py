@@ -20,7 +20,7 @@ from dualbudget.reference.trace import read_trace
 from dualbudget.reference.workload import preset
 from dualbudget.spec.config import KVGroup, SpeculativeConfig, runs_async
 from dualbudget.spec.profiles import profile_named
-from tests.test_multi_module_mtp import PROMPT, SHARED, K, mtp_config, sibling_run
+from tests.test_multi_module_mtp import MAMBA_ALIGN, PROMPT, SHARED, K, mtp_config, sibling_run
 
 pytestmark = pytest.mark.live
 
@@ -196,3 +196,46 @@ def test_vllm_indexes_past_the_lookahead_hashes_without_full_attention(profile: 
         else:
             record, _ = lock.run_step(lambda rid, drafts: drafts, lambda rid: K)
             assert record.num_scheduled_tokens["0"] == len(PROMPT)
+
+
+@pytest.mark.parametrize("threshold", [2, 3])
+def test_a_long_prefill_threshold_below_k_stalls_a_prefill_for_ever(
+    threshold: int, profile: str
+) -> None:
+    """Three modules, K = 3, a 9-token prompt with another request waiting behind it
+    (``max_num_seqs`` 1, so vLLM applies the threshold): chunks of ``threshold`` tokens
+    until 3 are left; at a threshold of 2 the next chunk would end 1 token short of the
+    end, the reserve cuts it to none, and every step is empty with the budgets and the
+    pool free, in vLLM as in the reference. The monitor's C4 break is the manifest's
+    ``prefill-lookahead-stall``; at a threshold of K the prompt finishes."""
+    from dualbudget.fuzz_cli import known_findings
+    from dualbudget.integration.lockstep import run_in_lockstep
+    from dualbudget.integration.monitor import MonitorViolation
+    from dualbudget.integration.outcome import known_as
+    from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario
+
+    config = mtp_config(3, max_num_seqs=1, long_prefill_token_threshold=threshold)
+    requests = (RequestSpec("0", 9, 2), RequestSpec("1", 4, 2))
+    scenario = validate(Scenario(profile, config, requests, Acceptance(fixed=0)))
+    beside: list[MonitorViolation] = []
+    steps, divergence = run_in_lockstep(scenario, max_steps=12, monitored=beside)
+    assert divergence is None  # the reference stalls as vLLM does
+    if threshold == K:
+        assert beside == [] and steps > 4
+        return
+    # Chunks of 2 until 3 tokens are left (3 steps), then a fixed point: an empty step.
+    assert steps == 4 and [(v.contract, v.step) for v in beside] == [("C4", 3)], beside
+    key = (profile, "eagle", "C4")
+    assert known_as(key, config, known_findings()) == "outside_model.prefill-lookahead-stall"
+
+
+def test_a_mamba_chunk_ends_where_vllm_ends_it(profile: str) -> None:
+    """tests/test_multi_module_mtp.py's Mamba case against vLLM: the 14-token prompt's
+    first chunk is 8 tokens in vLLM as in the reference, and the run goes on alike."""
+    config = mtp_config(3, long_prefill_token_threshold=0, enable_prefix_caching=True)
+    lock = Lockstep(dataclasses.replace(config, kv_groups=MAMBA_ALIGN), profile)
+    lock.add(14, 4, prompt_token_ids=tuple(range(200, 214)))
+    first, _ = lock.run_step(lambda rid, drafts: drafts, lambda rid: K)
+    assert first.num_scheduled_tokens["0"] == 8
+    for _ in range(6):
+        lock.run_step(lambda rid, drafts: drafts, lambda rid: K)
