@@ -543,14 +543,14 @@ def test_groups_of_one_spec_looked_up_apart_are_found_where_a_hit_drops_a_block(
     def plant() -> None:
         monkeypatch.setattr(kv_coordinator, "lookup_types", _each_group_apart)
 
-    # Seed 4: its 20 examples draw a layout of two groups of one spec beside the drafter's
-    # whose hits differ under 0.32 (seeds 1 to 3 do not).
+    # Seed 3: its 20 examples draw a layout of two groups of one spec beside the drafter's
+    # whose hits differ under 0.32 (seeds 1, 2 and 4 to 9 do not).
     if profile_named(profile).release.drops_last_hit_block("eagle"):
-        found = _planted_is_found(profile, tmp_path, monkeypatch, 4, plant)
+        found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
         assert any(len(group_ids) > 1 for group_ids in lookup_types(found.config.groups))
     else:
         with pytest.raises(AssertionError, match="went unnoticed"):
-            _planted_is_found(profile, tmp_path, monkeypatch, 4, plant)
+            _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
 
 
 def _every_block_retained(
