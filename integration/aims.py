@@ -329,14 +329,15 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
     need = full_request_blocks(max_model_len, block_size, groups)
     pool = _one_of(draw, bounds.pools, "pool")
     num_gpu_blocks = _ranged(draw, *pool.range_at(need, seqs), "num_gpu_blocks")
-    speculative = SpeculativeConfig.for_layout(layout_named(layout), k)
+    row = layout_named(layout)
+    speculative = SpeculativeConfig.for_layout(row, k)
     modules = None
     # In one draw of two the row's drafter is MTP of K modules: no prefill chunk ends
     # within K of the prompt's end and a chunk's last K - 1 tokens wait for the next to
     # be cached. vLLM refuses it with prefix caching on a scheduler block shorter than K,
     # which the draw never asks for.
     if (
-        "mtp" in layout_named(layout).methods
+        row.takes_mtp
         and k > 1
         and (k <= block_size or not caching)
         and draw(st.booleans(), label="multi-module MTP")

@@ -43,7 +43,7 @@ def where_full_hits_happen(release: Release, spec: SpeculativeConfig) -> bool:
 def where_mtp_is_drawn(release: Release, spec: SpeculativeConfig) -> bool:
     """The row whose methods include MTP (the EAGLE row): the aims draw its drafter as MTP
     of K modules now and then."""
-    return "mtp" in spec.layout.methods
+    return spec.layout.takes_mtp
 
 
 @dataclass(frozen=True)

@@ -99,17 +99,6 @@ a prefill chunk cut back so as not to end within multi-module MTP's lookahead of
 prompt's end, ``PREFIX_OBSERVED`` and ``KV_GROUP_OBSERVED``."""
 
 
-def reserve_prefill_lookahead(num_left: int, q: int, lookahead: int) -> int:
-    """vLLM's ``_reserve_prefill_lookahead``, for both scheduling loops: of ``num_left``
-    tokens to compute, ``q`` less what keeps the chunk from ending within ``lookahead``
-    tokens of the end (multi-module MTP's drafter reads that many past it); a no-op for a
-    lookahead of one token or none."""
-    remaining = num_left - q
-    if 0 < remaining < lookahead:
-        return q - (lookahead - remaining)
-    return q
-
-
 _NONE_STALE: Set[str] = frozenset()
 
 
@@ -570,12 +559,17 @@ class Scheduler:
         state.waiting[:0] = skipped
 
     def _reserve_prefill_lookahead(self, num_left: int, q: int) -> int:
-        """``reserve_prefill_lookahead`` at the config's lookahead, counting each chunk
-        it cuts back (``prefill_lookahead_reserved``)."""
-        reserved = reserve_prefill_lookahead(num_left, q, self.num_prefill_lookahead_tokens)
-        if reserved < q:
+        """vLLM's ``_reserve_prefill_lookahead``, for both scheduling loops: of ``num_left``
+        tokens to compute, ``q`` less what keeps the chunk from ending within the config's
+        prefill lookahead of the end (multi-module MTP's drafter reads that many past it;
+        a no-op for a lookahead of one token or none), each chunk it cuts back counted
+        (``prefill_lookahead_reserved``)."""
+        lookahead = self.num_prefill_lookahead_tokens
+        remaining = num_left - q
+        if 0 < remaining < lookahead:
             self.observed["prefill_lookahead_reserved"] += 1
-        return reserved
+            return q - (lookahead - remaining)
+        return q
 
     def _count_cut(self, step: OpenStep, token_budget: int, q: int) -> None:
         """A grant of ``q`` tokens short of the need, in ``GrantCounts``."""

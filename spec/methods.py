@@ -68,6 +68,12 @@ class MethodLayout:
         return "eagle3" if "eagle3" in self.methods else self.methods[0]
 
     @property
+    def takes_mtp(self) -> bool:
+        """vLLM's ``mtp`` method takes this row (the EAGLE row: a drafter on the target's
+        hidden states, no parallel drafting)."""
+        return "mtp" in self.methods
+
+    @property
     def drafts_in_own_pass(self) -> bool:
         """DFlash and DSpark: the drafter runs a separate query pass of its own rows."""
         return any(method in ("dflash", "dspark") for method in self.methods)
