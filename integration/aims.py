@@ -615,6 +615,13 @@ AIMS: dict[str, Aim] = {
                     GroupShape("full_attention", is_eagle_group=True),
                 ),
                 (GroupShape("mla_attention"), GroupShape("mla_attention", is_eagle_group=True)),
+                # The drafter's full attention at twice the target's block (vLLM doubles
+                # a layer's block to match a larger page): hashes of the smaller block,
+                # hits on the larger.
+                (
+                    GroupShape("full_attention"),
+                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
+                ),
             ),
             layout_caching=True,
         ),

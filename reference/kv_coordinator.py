@@ -8,6 +8,8 @@ is refused by name.
 
 from __future__ import annotations
 
+import math
+
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
@@ -120,8 +122,10 @@ def check_hybrid_layout(config: EngineConfig) -> None:
 def check_hybrid_caching_layout(config: EngineConfig) -> None:
     """Refuse, by name, a layout whose prefix caching the hybrid coordinator does not
     model: another kind's hit rules (Mamba out of ``align`` mode), or groups of several
-    block sizes (finer hashes and scheduler-block alignment)."""
+    block sizes beside a group other than full attention (whose searches align their
+    hits to the scheduler block on their own, and Mamba's partial hash hits)."""
     groups = config.groups
+    mixed_sizes = len({group.block_size for group in groups}) > 1
     for index, group in enumerate(groups):
         if group.kind not in CACHING_KINDS:
             raise ConfigError(
@@ -134,10 +138,12 @@ def check_hybrid_caching_layout(config: EngineConfig) -> None:
                 f"prefix caching with a Mamba group in {group.mamba_cache_mode!r} mode:"
                 " vLLM caches Mamba states only in 'align' mode",
             )
-        if group.block_size != groups[0].block_size:
+        if mixed_sizes and group.kind not in FULL_ATTENTION_KINDS:
             raise ConfigError(
                 f"kv_groups[{index}].block_size",
-                "prefix caching with kv_groups of different block sizes is not modelled",
+                f"prefix caching with kv_groups of different block sizes beside a"
+                f" {group.kind!r} group is not modelled (only full-attention and MLA"
+                " groups of different block sizes are)",
             )
 
 
@@ -168,8 +174,9 @@ def hybrid_caching_manager(
                 "prefix caching with a 'chunked_local_attention' group whose hit drops its"
                 " last block (the drafter's group) is not modelled: vLLM asserts against it",
             )
-    # The hash's block size is the groups' one (vLLM hashes at their GCD).
-    block_size = groups[0].block_size
+    # resolve_kv_cache_block_sizes: vLLM hashes at the GCD of the groups' block sizes
+    # (no prefix_match_unit: refused), a group's block keyed by the hashes it spans.
+    block_size = math.gcd(*(group.block_size for group in groups))
     # Only the requests' hashes: the coordinator caches each group's blocks itself.
     hashing = PrefixCachingKVCacheManager(
         block_size, manager.max_model_len, manager.num_lookahead_tokens, rule, manager.observed
@@ -194,6 +201,7 @@ def hybrid_caching_manager(
         tuple(drop_groups),
         types,
         retains_block_below_junction=release.retains_block_below_junction,
+        scheduler_block_size=config.scheduler_block_size,
         num_reprefillable_tokens=config.num_reprefillable_tokens,
         rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
     )

@@ -2,12 +2,16 @@
 knows each group's cached blocks by (hash, group).
 
 Mirrors ``HybridKVCacheCoordinator`` (and ``UnitaryKVCacheCoordinator`` for one group of
-another kind: its own search alone) with ``enable_caching``, for groups of one block
-size (the scheduler's and the hash's block size are then that size, so hits land on
-every block boundary):
+another kind: its own search alone) with ``enable_caching``. The requests' hashes are of
+the GCD of the groups' block sizes (``block_size``, vLLM's ``hash_block_size``), a
+group's block keyed by the last hash it spans (the chain makes it name every token
+before); hits land on the scheduler block, the LCM, where every group's blocks end
+(``scheduler_block_size``); the groups differ in block size only where each is full
+attention (MLA alike), and otherwise share one, the scheduler's and the hash's:
 
 - a hit is the fixed point across groups (``find_longest_cache_hit``): full attention
-  (MLA alike) first, its longest run of cached blocks from the left; then a sliding
+  (MLA alike) first, its longest run of cached blocks from the left, cut back to the
+  scheduler block (after its drop); then a sliding
   window from the right, the ``cdiv(sliding_window - 1, block_size)`` contiguous blocks
   its window reads ending at the hit, the blocks before them null; chunked local
   attention the whole chunks before the one the hit ends in as null (outside the next
@@ -20,7 +24,9 @@ every block boundary):
   more first;
 - a hit's blocks are touched group by group, the blocks the window skips left null;
   each group caches its full blocks under its own key (a sliding-window group only those
-  ``prefix_cache_retention_interval`` retains: ``retained``), frees what its window skips
+  ``prefix_cache_retention_interval`` retains: ``retained``) of the tokens up to the
+  scheduler block (``get_num_cacheable_tokens``: a group that drops its hit's last
+  block one block of its own past it), frees what its window skips
   (unhashed blocks to the free queue's head, cached ones to its tail) and, when the
   request ends, its blocks last first, group after group.
 
@@ -40,8 +46,14 @@ A Mamba group (``align`` mode, ``MambaManager``) keeps one state per block bound
 
 What stays out is refused by ``kv_coordinator`` before a manager is built: Mamba out of
 ``align`` mode, a chunked-local group whose hit would drop its last block (vLLM asserts
-against it) and groups of different block sizes (so no partial hash hits, whose copy-on-write
-tail this does not model). Groups of one spec (vLLM splits a model's layers into groups of
+against it) and groups of different block sizes beside any other kind (sliding-window
+searches that align on their own, Mamba's partial hash hits and their copy-on-write
+tail). A full-attention group coarser than the hash keys its prompt's tail block under
+the tail's hash too (``_cache_partial_tail_block``): only a partial-hash search would read
+that key, but it makes the block a cached one, freed to the free queue's tail and
+evicted when taken again (``tail_key``).
+
+Groups of one spec (vLLM splits a model's layers into groups of
 equal size: several Mamba or chunked-local groups beside one full-attention group) are
 looked up together, as vLLM's coordinator does: a place is hit only where each of them
 has its block cached. The live adapter builds Mamba specs
@@ -78,13 +90,24 @@ def group_key(block_hash: str, group: int) -> str:
     return f"{block_hash}@{group}"
 
 
+def tail_key(block_hash: str, group: int) -> str:
+    """``cache_partial_block``'s key of a prompt tail inside a block: never a full block's
+    key (a lookup reads only those), but a hash all the same to the free queue."""
+    return f"{block_hash}@{group}/tail"
+
+
 def _cached_blocks(
-    pool: BlockPool, hashes: list[str] | tuple[()], group_ids: tuple[int, ...], place: int
+    pool: BlockPool,
+    hashes: list[str] | tuple[()],
+    group_ids: tuple[int, ...],
+    place: int,
+    span: int = 1,
 ) -> list[int] | None:
-    """The cached block of each of ``group_ids`` at ``place`` (None: one has none)."""
+    """The cached block of each of ``group_ids`` at ``place`` (None: one has none), their
+    blocks ``span`` hashes long."""
     blocks = []
     for group in group_ids:
-        block = pool.get_cached_block(group_key(hashes[place], group))
+        block = pool.get_cached_block(group_key(hashes[(place + 1) * span - 1], group))
         if block is None:
             return None
         blocks.append(block)
@@ -122,6 +145,15 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     num_reprefillable_tokens: int = 0
     """The coordinator's ``num_reprefillable_tokens`` (multi-module MTP): a group that
     drops its hit's last block caches only the tokens computed before them."""
+    scheduler_block_size: int = 0
+    """``resolve_kv_cache_block_sizes``' scheduler block: the LCM of the groups' block
+    sizes, where every hit and every group's cacheable tokens are cut back to."""
+    hashes_per_block: tuple[int, ...] = field(init=False)
+    """Per group, the hashes one of its blocks spans (its block size over the hash's)."""
+    tails_cached: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Per (request, group), the prompt tail boundary keyed in its block (``tail_key``)
+    since the request last took blocks: keying it again changes nothing the scheduler
+    sees (a lookahead's later hashes may move the boundary on)."""
     without_mamba: bool = field(init=False)
     """No group is Mamba: every group counts a running request's blocks past its table
     alike, and caches nothing once its full blocks are cached (the fast paths of
@@ -135,6 +167,11 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     def __post_init__(self) -> None:
         without_mamba = not any(isinstance(group, MambaManager) for group in self.groups)
         object.__setattr__(self, "without_mamba", without_mamba)
+        spans = tuple(group.block_size // self.block_size for group in self.groups)
+        assert self.scheduler_block_size > 0 and all(
+            self.scheduler_block_size % group.block_size == 0 for group in self.groups
+        ), f"scheduler block {self.scheduler_block_size} is no common multiple of the groups'"
+        object.__setattr__(self, "hashes_per_block", spans)
 
     # -- hashes ------------------------------------------------------------------------
     def _hashing(self) -> PrefixCachingKVCacheManager:
@@ -169,8 +206,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         self, state: SchedulerState, request: RequestState
     ) -> tuple[tuple[int, ...], int]:
         """``find_longest_cache_hit`` within ``num_tokens - 1``: every group's hit blocks,
-        group after group (each ``tokens // block_size`` long), and the tokens hit."""
-        pool, block_size = self.pool(state), self.block_size
+        group after group (each ``tokens // group.block_size`` long), and the tokens hit."""
+        pool, hash_block_size = self.pool(state), self.block_size
         hashes = request.block_hashes or ()
         num_groups = len(self.groups)
         hit_length = request.num_tokens - 1
@@ -199,7 +236,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 if drop and not isinstance(self.groups[first], MambaManager):
                     # Match one block more, then drop it: back at the candidate length
                     # (a Mamba search never drops, so it gets no margin either).
-                    max_length = min(current + block_size, len(hashes) * block_size)
+                    max_length = min(
+                        current + self.groups[first].block_size, len(hashes) * hash_block_size
+                    )
                 found_by_group, length = self._find(pool, hashes, group_ids, max_length, drop)
                 if drop:
                     eagle_verified.add(index)
@@ -215,12 +254,11 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             hit_length = current
             if simple:
                 break
-        num_blocks = cdiv(hit_length, block_size)
         hit: list[int] = []
         for group, group_hit in enumerate(blocks_by_group):
             found = group_hit or []
             if self._is_full(group):
-                del found[num_blocks:]
+                del found[cdiv(hit_length, self.groups[group].block_size) :]
             hit += found
         if longest > hit_length:
             self.pending_cuts[request.request_id] = longest - hit_length
@@ -247,7 +285,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         """The ``find_longest_cache_hit`` of the groups of one spec (their blocks, group by
         group, and the tokens hit) within ``max_length`` tokens: a place is hit only where
         every one of them has its block cached (``BlockPool.get_cached_block``)."""
-        manager, block_size = self.groups[group_ids[0]], self.block_size
+        manager = self.groups[group_ids[0]]
+        block_size, span = manager.block_size, self.hashes_per_block[group_ids[0]]
         max_blocks = max_length // block_size
         if max_blocks > len(hashes) and isinstance(manager, MambaManager | SlidingWindowManager):
             # These searches start from the right, at the block max_length ends in; only a
@@ -302,8 +341,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             skipped = max(max_length, 0) // chunk * chunk // block_size
         hits = [[NULL_BLOCK] * skipped for _ in group_ids]
         # As far as the hashes go (vLLM's islice): a lookahead of K hashes lags K tokens.
-        for place in range(skipped, min(max_blocks, len(hashes))):
-            found = _cached_blocks(pool, hashes, group_ids, place)
+        for place in range(skipped, min(max_blocks, len(hashes) // span)):
+            found = _cached_blocks(pool, hashes, group_ids, place, span)
             if found is None:
                 break
             for hit, block in zip(hits, found, strict=True):
@@ -311,14 +350,27 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if drop and hits[0]:
             for hit in hits:
                 hit.pop()
-        return hits, len(hits[0]) * block_size
+        # Back to the scheduler block, where every group's blocks end (a no-op where
+        # this group's block is it).
+        num_blocks = len(hits[0]) * block_size // self.scheduler_block_size
+        num_blocks = num_blocks * self.scheduler_block_size // block_size
+        for hit in hits:
+            del hit[num_blocks:]
+        return hits, num_blocks * block_size
 
     def _split_hit(self, hit: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The flat hit of ``get_computed_blocks``, per group."""
+        """The flat hit of ``get_computed_blocks``, per group: a hit ends on a scheduler
+        block, of which each group holds its share of blocks."""
         if not hit:
             return [() for _ in self.groups]
-        size = len(hit) // len(self.groups)
-        return [hit[index * size : (index + 1) * size] for index in range(len(self.groups))]
+        shares = [self.scheduler_block_size // group.block_size for group in self.groups]
+        num_scheduler_blocks = len(hit) // sum(shares)
+        split, start = [], 0
+        for share in shares:
+            end = start + share * num_scheduler_blocks
+            split.append(hit[start:end])
+            start = end
+        return split
 
     # -- allocation ----------------------------------------------------------------------
     def _num_blocks_to_allocate(
@@ -386,7 +438,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         hits = self._split_hit(hit)
         if self._hit_state_pending(state, hits):
             return False
-        hit_tokens = len(hits[0]) * self.block_size
+        hit_tokens = len(hits[0]) * self.groups[0].block_size
         total_computed = min(request.num_computed_tokens + hit_tokens, self.max_model_len)
         full = min(request.num_tokens, self.max_model_len)
         prefill_end = self._prefill_end(request)
@@ -421,7 +473,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if self._hit_state_pending(state, hits):
             # Only a new request has a hit, and it holds no blocks to free first.
             return False
-        num_local_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        num_local_computed = request.num_computed_tokens + len(hits[0]) * self.groups[0].block_size
         total_computed = min(num_local_computed, self.max_model_len)
         main = total_computed + num_new_tokens
         need_slot = self.slots_needed(total_computed, num_new_tokens)
@@ -491,15 +543,17 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     ) -> bool:
         """``allocate_slots`` for a running request (every group counts it in
         ``num_cached_block``, no hit) without a Mamba group: each group asks the blocks
-        past its table, of the one block size; the count fitting the free blocks, no
-        group can take more than the pool holds, and no hit cut is pending."""
+        past its table, of its block size; the count fitting the free blocks, no group
+        can take more than the pool holds, and no hit cut is pending."""
         total_computed = min(request.num_computed_tokens, self.max_model_len)
         need_slot = self.slots_needed(total_computed, num_new_tokens)
         processed = total_computed - request.num_in_flight_tokens
         if processed >= request.kv_skip_horizon:  # below it, no group frees a block
             self.remove_skipped_blocks(state, request, processed)
-        required = cdiv(need_slot, self.block_size)
-        lacking = [required - len(blocks.block_ids) for blocks in request.kv_groups]
+        lacking = [
+            cdiv(need_slot, group.block_size) - len(blocks.block_ids)
+            for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+        ]
         wanted = sum(num_new for num_new in lacking if num_new > 0)
         if wanted > state.free_blocks:
             return False
@@ -521,7 +575,6 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         moves its state every step: no promise (0)."""
         if not self.without_mamba:
             return
-        block_size = self.block_size
         hashes = request.block_hashes
         num_hashes = len(hashes) if hashes is not None else 0
         lookahead = self.num_lookahead_tokens
@@ -532,13 +585,19 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             if num_cached < 0:
                 covered = 0  # not yet allocated: the RUNNING loop asks
                 break
+            block_size = self.groups[index].block_size
             limit = len(blocks.block_ids) * block_size - lookahead
-            if num_hashes > num_cached:
+            # The group's next block to cache, where its hashes reach it (the tokens
+            # cacheable are cut back to the scheduler block: this errs early).
+            if num_hashes >= (num_cached + 1) * self.hashes_per_block[index]:
                 next_cached = (num_cached + 1) * block_size - 1
                 if self.num_reprefillable_tokens and self.drop_groups[index]:
                     next_cached += self.num_reprefillable_tokens
                 if next_cached < limit:
                     limit = next_cached
+            tail = self._tail_boundary(request, index)
+            if 0 < tail <= limit:
+                limit = tail - 1
             if limit < covered:
                 covered = limit
         request.kv_slots_covered = covered
@@ -641,18 +700,23 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         group keys its state blocks instead (``_cache_mamba_blocks``). Returns whether
         it looked (False: every group caches that far already)."""
         hashes = request.block_hashes or ()
+        num_hashed = len(hashes) * self.block_size
         if self.without_mamba:
-            num_full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
-            for blocks in request.kv_groups:
-                if blocks.num_cached_blocks < num_full:
+            for index, (group, blocks) in enumerate(
+                zip(self.groups, request.kv_groups, strict=True)
+            ):
+                if blocks.num_cached_blocks < min(num_tokens, num_hashed) // group.block_size:
+                    break
+                if 0 < self._tail_boundary(request, index) <= num_tokens:
                     break
             else:
                 return False
         pool = self.pool(state)
         # get_num_cacheable_tokens: a group that drops its hit's last block caches none of
         # the re-prefillable tokens (once a scheduler block is computed).
+        scheduler_block_size = self.scheduler_block_size
         finalized = num_tokens
-        if self.num_reprefillable_tokens and num_tokens >= self.block_size:
+        if self.num_reprefillable_tokens and num_tokens >= scheduler_block_size:
             finalized = max(num_tokens - self.num_reprefillable_tokens, 0)
         for index, group in enumerate(self.groups):
             blocks = request.kv_groups[index]
@@ -662,22 +726,86 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             if isinstance(group, MambaAlignManager):
                 self._cache_mamba_blocks(state, request, index, blocks, cacheable)
                 continue
-            num_cached = max(blocks.num_cached_blocks, 0)
-            num_full = min(cacheable, len(hashes) * self.block_size) // group.block_size
-            if num_cached >= num_full:
-                continue
+            # Cut back to the scheduler block, where hits land; a dropping group keeps one
+            # block of its own past it, the one its hit matches and drops.
+            aligned = cacheable // scheduler_block_size * scheduler_block_size
+            if self.drop_groups[index] and num_tokens >= scheduler_block_size:
+                cacheable = min(cacheable, aligned + group.block_size)
+            else:
+                cacheable = aligned
+            self._cache_full_blocks(pool, request, index, group, blocks, cacheable)
+            if self.hashes_per_block[index] > 1:
+                self._cache_prompt_tail(pool, request, index, blocks, cacheable)
+        return True
+
+    def _cache_full_blocks(
+        self,
+        pool: BlockPool,
+        request: RequestState,
+        index: int,
+        group: FullAttentionManager,
+        blocks: GroupBlocks,
+        cacheable: int,
+    ) -> None:
+        """``SingleTypeKVCacheManager.cache_blocks`` of group ``index``: its full blocks of
+        the ``cacheable`` tokens, as far as the hashes go, keyed by the last hash each
+        spans; a key of fewer tokens (a prompt tail's) gives way."""
+        hashes = request.block_hashes or ()
+        num_cached = max(blocks.num_cached_blocks, 0)
+        num_full = min(cacheable, len(hashes) * self.block_size) // group.block_size
+        if num_cached < num_full:
             mask = None
             if isinstance(group, SlidingWindowManager):
                 mask = self.retained(request, index, group, num_cached, num_full)
+            span = self.hashes_per_block[index]
             # A table shorter than the full blocks caches what it has (vLLM's slice).
             for place in range(num_cached, min(num_full, len(blocks.block_ids))):
                 if mask is not None and not mask[place - num_cached]:
                     continue
                 block = blocks.block_ids[place]
-                if block and pool.block_hash[block] is None:
-                    pool.cache(block, group_key(hashes[place], index))
+                if not block:
+                    continue
+                key = pool.block_hash[block]
+                if key is not None and key.endswith("/tail"):
+                    pool.uncache(block)
+                    key = None
+                if key is None:
+                    pool.cache(block, group_key(hashes[(place + 1) * span - 1], index))
             blocks.num_cached_blocks = num_full
-        return True
+
+    def _tail_boundary(self, request: RequestState, index: int) -> int:
+        """Where group ``index`` keys the prompt's tail (0: nowhere, or keyed already):
+        the last hash boundary a replay can match (the whole prompt where the group drops
+        its hit's last block, else all but its last token), if inside a block."""
+        if self.hashes_per_block[index] == 1:
+            return 0
+        hashes = request.block_hashes or ()
+        limit = request.prompt_len if self.drop_groups[index] else request.prompt_len - 1
+        boundary = min(limit // self.block_size, len(hashes)) * self.block_size
+        if boundary % self.groups[index].block_size == 0:
+            return 0
+        return 0 if self.tails_cached.get((request.request_id, index)) == boundary else boundary
+
+    def _cache_prompt_tail(
+        self,
+        pool: BlockPool,
+        request: RequestState,
+        index: int,
+        blocks: GroupBlocks,
+        cacheable: int,
+    ) -> None:
+        """``FullAttentionManager._cache_partial_tail_block``: once the ``cacheable`` tokens
+        reach the tail boundary, the block holding it takes the tail's key if it has no
+        key yet (one already keyed keeps its own: the tail's joins it, unseen here)."""
+        boundary = self._tail_boundary(request, index)
+        place = boundary // self.groups[index].block_size
+        if boundary == 0 or boundary > cacheable or place >= len(blocks.block_ids):
+            return
+        block = blocks.block_ids[place]
+        hashes = request.block_hashes or ()
+        if block and pool.block_hash[block] is None:
+            pool.cache(block, tail_key(hashes[boundary // self.block_size - 1], index))
+        self.tails_cached[request.request_id, index] = boundary
 
     def _cache_mamba_blocks(
         self,
@@ -869,6 +997,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             pool.free_blocks(reversed([block for block in blocks.block_ids if block]))
         self.pending_cuts.pop(request.request_id, None)
         self.junctions.pop(request.request_id, None)
+        for index in range(len(self.groups)):
+            self.tails_cached.pop((request.request_id, index), None)
         request.num_blocks = 0
         request.kv_slots_covered, request.kv_skip_horizon = 0, UNBOUNDED
         request.kv_groups = [GroupBlocks() for _ in self.groups]

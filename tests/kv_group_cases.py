@@ -309,7 +309,49 @@ def mamba_checkpoint_on_a_null_place(release: str) -> Case:
     )
 
 
+TWO_BLOCK_SIZES = config(40, FULL, FULL_8, enable_prefix_caching=True)
+"""Full attention in blocks of 4 beside full attention in blocks of 8 (a drafter's layers
+whose block vLLM doubled to match the pages), caching on, no drafter, 39 blocks lent:
+hashes of 4 tokens (the GCD), hits on 8 (the LCM)."""
+
+PROMPT_TAIL = config(
+    10,
+    FULL,
+    KVGroup("full_attention", 8, is_eagle_group=True),
+    method="ngram",
+    enable_prefix_caching=True,
+)
+PROMPT_TAIL_EVENTS = (add("r0", tuple(range(21)), 4), STEP, Abort("r0"))
+"""Blocks of 4 beside blocks of 8 marked as the drafter's, n-gram drafts, caching on, 9
+blocks lent: r0's 21 tokens take them all (6 of 4, 3 of 8). Under 0.32 the group of 8
+drops its hit's last block, so a replay can match the whole prompt: its tail boundary is
+min(21 // 4, 5) * 4 = 20, inside its third block, and its cacheable tokens (the drop's
+min(21, 16 + 8) = 21) reach it: that block is keyed by the tail's hash, so when r0 is
+aborted it goes to the free queue's tail. Under 0.33 it does not drop: the boundary is 20
+again but its cacheable tokens are 16, so the block stays unkeyed and goes to the head."""
+PROMPT_TAIL_KEYED = {"0.32": True, "0.33": False}
+
 CASES: tuple[Case, ...] = (
+    Case(
+        # Step 0: r0's 20 tokens take cdiv(20, 4) = 5 blocks of 4 and cdiv(20, 8) = 3 of
+        # 8 (31); the tokens cacheable are cut back to 16, the LCM's multiple: 4 blocks of
+        # 4 and 2 of 8 keyed. Step 1: r0's 21st token takes a sixth block of 4 (30). r1
+        # (13 tokens) hits at most 12: the blocks of 4 run 3 blocks (12), cut back to 8;
+        # the blocks of 8 then 1 block (8): no group's hit is longer than the other's, so
+        # no hit cut. r1's 5 tokens left, 4 blocks of 4 and 2 of 8, its hit's 2 and 1 held
+        # by r0: 3 new (27).
+        "a hit on groups of two block sizes lands on their LCM",
+        TWO_BLOCK_SIZES,
+        (
+            add("r0", tuple(range(20)), 4),
+            STEP,
+            sample_ids(r0=(100,)),
+            add("r1", tuple(range(13)), 4),
+            STEP,
+        ),
+        {0: ({"r0": 20}, {}, []), 1: ({"r0": 1, "r1": 5}, {}, [])},
+        {0: 31, 1: 27},
+    ),
     Case(
         # Window 4. Step 0: r0's 8 tokens take 2 blocks in each group (15 -> 11).
         # Step 1: 8 tokens processed, the next token attends to tokens 5..8, so

@@ -86,6 +86,30 @@ def test_a_hand_worked_kv_group_case_agrees_live(case: kv_group_cases.Case, prof
         assert observed[name] == case.observed.get(name, 0), name
 
 
+def test_a_coarser_group_keys_the_prompt_tail_as_vllm_does(profile: str) -> None:
+    """``kv_group_cases.PROMPT_TAIL``: the tail block of the group of 8 is keyed as the
+    release has it in both schedulers, and once r0 is aborted both free queues hold the
+    same blocks in the same order."""
+    config = dataclasses.replace(kv_group_cases.PROMPT_TAIL, max_model_len=36)
+    lock = Lockstep(config, profile)
+    add, step, abort = kv_group_cases.PROMPT_TAIL_EVENTS
+    lock.handle(add)
+    lock.handle(step)
+    coordinator = lock.live.scheduler.kv_cache_manager.coordinator
+    live_tail = coordinator.single_type_managers[1].req_to_blocks["r0"][2]
+    reference_pool = lock.reference.state.block_pool
+    assert reference_pool is not None
+    reference_tail = lock.reference.state.requests["r0"].kv_groups[1].block_ids[2]
+    keyed = kv_group_cases.PROMPT_TAIL_KEYED[profile.removeprefix("vllm-")]
+    assert (live_tail.block_hash is not None) == keyed
+    assert (reference_pool.block_hash[reference_tail] is not None) == keyed
+    lock.handle(abort)
+    live_queue = lock.live.scheduler.kv_cache_manager.block_pool.free_block_queue
+    assert [block.block_id for block in live_queue.get_all_free_blocks()] == list(
+        reference_pool.free_queue
+    )
+
+
 def test_vllm_fails_its_assertion_on_a_checkpoint_past_a_padded_prompt(profile: str) -> None:
     """Where the reference raises ``UnmirroredVllmCrash`` (a padded request's Mamba
     checkpoint past its prompt), vLLM's scheduler fails too: the lockstep calls it a
@@ -169,6 +193,13 @@ FAMILIES: dict[str, tuple[KVGroup, ...]] = {
         KVGroup("full_attention", 4, is_eagle_group=True),
     ),
     "MLA twice": (KVGroup("mla_attention", 4), KVGroup("mla_attention", 4, is_eagle_group=True)),
+    # A drafter's full-attention layers whose page vLLM matches to the target's by
+    # doubling their block (unify_kv_cache_spec_page_size): two block sizes, hits on
+    # their LCM.
+    "full + drafter's full at twice the block": (
+        KVGroup("full_attention", 4),
+        KVGroup("full_attention", 8, is_eagle_group=True),
+    ),
     # Qwen3-Next: Mamba (gated delta net) beside full attention, in align mode.
     "Mamba align + full": (
         KVGroup("mamba", 8, mamba_cache_mode="align"),
@@ -224,7 +255,7 @@ def test_vllm_schedules_on_each_family_layout(
 
 CACHING_FAMILIES = [family for family in FAMILIES if "Mamba" not in family]
 """The families whose prefix caching the reference models (the Mamba family's groups are
-of two block sizes)."""
+of two block sizes, which the reference models with caching only for full attention)."""
 
 
 def family_config(family: str, caching: bool, async_scheduling: bool = False) -> EngineConfig:
@@ -543,14 +574,14 @@ def test_groups_of_one_spec_looked_up_apart_are_found_where_a_hit_drops_a_block(
     def plant() -> None:
         monkeypatch.setattr(kv_coordinator, "lookup_types", _each_group_apart)
 
-    # Seed 3: its 20 examples draw a layout of two groups of one spec beside the drafter's
-    # whose hits differ under 0.32 (seeds 1, 2 and 4 to 9 do not).
+    # Seed 1: its 20 examples draw a layout of two groups of one spec beside the drafter's
+    # whose hits differ under 0.32 (seeds 2 and 3 do not).
     if profile_named(profile).release.drops_last_hit_block("eagle"):
-        found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
+        found = _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
         assert any(len(group_ids) > 1 for group_ids in lookup_types(found.config.groups))
     else:
         with pytest.raises(AssertionError, match="went unnoticed"):
-            _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
+            _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
 
 
 def _every_block_retained(

@@ -33,6 +33,9 @@ from tests.kv_group_cases import (
     CASES,
     FULL,
     MAMBA_CHECKPOINT_PAST_THE_PROMPT,
+    PROMPT_TAIL,
+    PROMPT_TAIL_EVENTS,
+    PROMPT_TAIL_KEYED,
     SLIDING_WINDOW,
     STEP,
     Case,
@@ -95,6 +98,20 @@ def test_case_worked_by_hand(case: Case, release: str) -> None:
     assert {name: scheduler.observed[name] for name in KV_GROUP_OBSERVED} == {
         name: case.observed.get(name, 0) for name in KV_GROUP_OBSERVED
     }
+
+
+@pytest.mark.parametrize("release", sorted(PROMPT_TAIL_KEYED))
+def test_a_coarser_group_keys_the_prompt_tail_where_it_drops_a_block(release: str) -> None:
+    scheduler, _ = run(PROMPT_TAIL, release, PROMPT_TAIL_EVENTS[:2])
+    pool = scheduler.state.block_pool
+    assert pool is not None
+    tail_block = scheduler.state.requests["r0"].kv_groups[1].block_ids[2]
+    key = pool.block_hash[tail_block]
+    assert (key is not None and key.endswith("/tail")) == PROMPT_TAIL_KEYED[release]
+    scheduler.handle(PROMPT_TAIL_EVENTS[2])
+    queue = list(pool.free_queue)
+    # Keyed, it is reused after every unkeyed block; unkeyed, it is reused first.
+    assert (queue.index(tail_block) > 0) == PROMPT_TAIL_KEYED[release]
 
 
 def test_every_kv_group_counter_is_reached_by_a_case() -> None:
@@ -195,7 +212,7 @@ def test_mamba_groups_share_one_cache_mode() -> None:
                 "enable_prefix_caching": True,
                 "kv_groups": (SLIDING_WINDOW, KVGroup("full_attention", 8)),
             },
-            "kv_groups[1].block_size",
+            "kv_groups[0].block_size",
         ),
         (
             {
