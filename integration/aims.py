@@ -615,11 +615,16 @@ AIMS: dict[str, Aim] = {
                     GroupShape("full_attention", is_eagle_group=True),
                 ),
                 (GroupShape("mla_attention"), GroupShape("mla_attention", is_eagle_group=True)),
-                # The drafter's full attention at twice the target's block (vLLM doubles
-                # a layer's block to match a larger page): hashes of the smaller block,
-                # hits on the larger.
+                # Groups of two block sizes (vLLM doubles a layer's block to match a
+                # larger page): hashes of the smaller block, hits on the larger. The
+                # drafter's full attention at twice the target's block:
                 (
                     GroupShape("full_attention"),
+                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
+                ),
+                # Gemma-like: a window beside full attention at twice its block.
+                (
+                    GroupShape("sliding_window", window_blocks=2),
                     GroupShape("full_attention", block_scale=2, is_eagle_group=True),
                 ),
             ),

@@ -31,6 +31,11 @@ CACHING_KINDS = (
 mode only: ``caching_modelled``)."""
 
 
+MIXED_BLOCK_SIZE_CACHING_KINDS = (*FULL_ATTENTION_KINDS, "sliding_window", "sliding_window_mla")
+"""Kinds whose prefix caching the hybrid coordinator models beside groups of other block
+sizes: hashes of the sizes' GCD, hits on their LCM (``kv_hybrid_caching``)."""
+
+
 def caching_modelled(group: KVGroup) -> bool:
     """Whether the hybrid coordinator models prefix caching on ``group``: vLLM caches Mamba
     states only in ``align`` mode (its ``MambaManager`` asserts it)."""
@@ -122,8 +127,8 @@ def check_hybrid_layout(config: EngineConfig) -> None:
 def check_hybrid_caching_layout(config: EngineConfig) -> None:
     """Refuse, by name, a layout whose prefix caching the hybrid coordinator does not
     model: another kind's hit rules (Mamba out of ``align`` mode), or groups of several
-    block sizes beside a group other than full attention (whose searches align their
-    hits to the scheduler block on their own, and Mamba's partial hash hits)."""
+    block sizes beside a chunked-local group (vLLM asserts its block is the scheduler
+    block) or a Mamba one (partial hash hits)."""
     groups = config.groups
     mixed_sizes = len({group.block_size for group in groups}) > 1
     for index, group in enumerate(groups):
@@ -138,12 +143,12 @@ def check_hybrid_caching_layout(config: EngineConfig) -> None:
                 f"prefix caching with a Mamba group in {group.mamba_cache_mode!r} mode:"
                 " vLLM caches Mamba states only in 'align' mode",
             )
-        if mixed_sizes and group.kind not in FULL_ATTENTION_KINDS:
+        if mixed_sizes and group.kind not in MIXED_BLOCK_SIZE_CACHING_KINDS:
             raise ConfigError(
                 f"kv_groups[{index}].block_size",
                 f"prefix caching with kv_groups of different block sizes beside a"
-                f" {group.kind!r} group is not modelled (only full-attention and MLA"
-                " groups of different block sizes are)",
+                f" {group.kind!r} group is not modelled (only full-attention, MLA and"
+                " sliding-window groups of different block sizes are)",
             )
 
 

@@ -7,13 +7,16 @@ the GCD of the groups' block sizes (``block_size``, vLLM's ``hash_block_size``),
 group's block keyed by the last hash it spans (the chain makes it name every token
 before); hits land on the scheduler block, the LCM, where every group's blocks end
 (``scheduler_block_size``); the groups differ in block size only where each is full
-attention (MLA alike), and otherwise share one, the scheduler's and the hash's:
+attention (MLA alike) or a sliding window, and otherwise share one, the scheduler's and
+the hash's:
 
 - a hit is the fixed point across groups (``find_longest_cache_hit``): full attention
   (MLA alike) first, its longest run of cached blocks from the left, cut back to the
   scheduler block (after its drop); then a sliding
   window from the right, the ``cdiv(sliding_window - 1, block_size)`` contiguous blocks
-  its window reads ending at the hit, the blocks before them null; chunked local
+  its window reads ending at the hit (a run starting only where the hit would end on a
+  scheduler block, a shorter run cut back to one), the blocks before them null; chunked
+  local
   attention the whole chunks before the one the hit ends in as null (outside the next
   token's attention, so counted as computed), then its run of cached blocks from the left
   (it never drops: vLLM asserts against EAGLE with it); each group the others' hit
@@ -46,9 +49,9 @@ A Mamba group (``align`` mode, ``MambaManager``) keeps one state per block bound
 
 What stays out is refused by ``kv_coordinator`` before a manager is built: Mamba out of
 ``align`` mode, a chunked-local group whose hit would drop its last block (vLLM asserts
-against it) and groups of different block sizes beside any other kind (sliding-window
-searches that align on their own, Mamba's partial hash hits and their copy-on-write
-tail). A full-attention group coarser than the hash keys its prompt's tail block under
+against it) and groups of different block sizes beside a chunked-local group (vLLM
+asserts its block is the scheduler block) or a Mamba group (partial hash hits and their
+copy-on-write tail). A full-attention group coarser than the hash keys its prompt's tail block under
 the tail's hash too (``_cache_partial_tail_block``): only a partial-hash search would read
 that key, but it makes the block a cached one, freed to the free queue's tail and
 evicted when taken again (``tail_key``).
@@ -288,14 +291,18 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         manager = self.groups[group_ids[0]]
         block_size, span = manager.block_size, self.hashes_per_block[group_ids[0]]
         max_blocks = max_length // block_size
-        if max_blocks > len(hashes) and isinstance(manager, MambaManager | SlidingWindowManager):
+        num_blocks_hashed = len(hashes) // span
+        if max_blocks > num_blocks_hashed and isinstance(
+            manager, MambaManager | SlidingWindowManager
+        ):
             # These searches start from the right, at the block max_length ends in; only a
             # first lookup (no full-attention group bounded it) of hashes lagging more
             # than a token (0.33's multi-module MTP lookahead) starts past them.
             raise UnmirroredVllmCrash(
                 "lookup-past-lookahead-hashes",
                 f"vLLM's {type(manager).__name__}.find_longest_cache_hit indexes block"
-                f" {max_blocks - 1} of a request's {len(hashes)} block hashes (IndexError)",
+                f" {max_blocks - 1} of a request's {num_blocks_hashed} block hashes"
+                " (IndexError)",
             )
 
         if isinstance(manager, MambaManager):
@@ -312,13 +319,18 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             # From the right: the window's contiguous blocks (one more where the last
             # is dropped) ending at the hit; those before it are never read.
             need = cdiv(manager.sliding_window - 1, block_size) + (1 if drop else 0)
+            # Where the group's block is finer than the scheduler block, a run starts
+            # only where the hit (after the drop) would end on a scheduler block.
+            per_hit = self.scheduler_block_size // block_size
             hits = [[NULL_BLOCK] * max_blocks for _ in group_ids]
             run = 0
             end = None
             for place in range(max_blocks - 1, -1, -1):
-                found = _cached_blocks(pool, hashes, group_ids, place)
+                found = _cached_blocks(pool, hashes, group_ids, place, span)
                 if found is None:
                     run = 0
+                    continue
+                if run == 0 and (place if drop else place + 1) % per_hit:
                     continue
                 for hit, block in zip(hits, found, strict=True):
                     hit[place] = block
@@ -326,12 +338,17 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 if run >= need:
                     end = place + run
                     break
+            # A run short of the window counts from the first place on, back to a
+            # scheduler block; the drop, again back to one.
+            kept = run if end is None else end
+            if end is None:
+                kept -= kept % per_hit
+            if drop and kept:
+                kept -= 1
+                kept -= kept % per_hit
             for hit in hits:
-                # A run short of the window counts from the first place on.
-                del hit[run if end is None else end :]
-                if drop and hit:
-                    hit.pop()
-            return hits, len(hits[0]) * block_size
+                del hit[kept:]
+            return hits, kept * block_size
         skipped = 0
         if isinstance(manager, ChunkedLocalAttentionManager):
             # The whole chunks before the one holding the hit's end are outside the next
@@ -734,7 +751,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             else:
                 cacheable = aligned
             self._cache_full_blocks(pool, request, index, group, blocks, cacheable)
-            if self.hashes_per_block[index] > 1:
+            if self.hashes_per_block[index] > 1 and type(group) is FullAttentionManager:
                 self._cache_prompt_tail(pool, request, index, blocks, cacheable)
         return True
 
@@ -939,7 +956,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if junction:
             boundaries.append(junction)
             if self.drop_groups[index] and self.retains_block_below_junction:
-                boundaries.append(junction - self.block_size)
+                boundaries.append(junction - self.groups[index].block_size)
         return boundaries
 
     def retained(
@@ -953,16 +970,18 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         """``SlidingWindowManager.reachable_block_mask`` for blocks ``start:end`` of group
         ``index`` (None: every block). A hit needs the window's contiguous blocks (one
         more where the group drops its last) ending at a hit boundary, so only those
-        tails are worth caching: at ``retention_interval`` None one at every block (all of
-        them), at N > 0 one per N-token segment, and from 0 on also the ones ending at
-        the places a later request resumes (``replay_boundaries``, the junction)."""
-        block_size, interval = self.block_size, self.retention_interval
+        tails are worth caching: at ``retention_interval`` None one at every scheduler
+        block, at N > 0 one per N-token segment, and from 0 on also the ones ending at
+        the scheduler block at or below each place a later request resumes
+        (``replay_boundaries``, the junction)."""
+        block_size, interval = group.block_size, self.retention_interval
+        scheduler_block_size = self.scheduler_block_size
         eagle = self.drop_groups[index]
         need = cdiv(group.sliding_window - 1, block_size) + int(eagle)
         # A dropping group's run ends one block past the boundary it lands back on.
         shift = int(eagle)
         mask = [False] * (end - start)
-        segment = block_size if interval is None else interval
+        segment = scheduler_block_size if interval is None else interval
         if segment:
             per_segment = segment // block_size
             if need >= per_segment:
@@ -973,7 +992,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if interval is None:
             return mask
         for boundary in self.reachable_boundaries(request, index):
-            tail_end = boundary // block_size + shift
+            aligned = boundary // scheduler_block_size * scheduler_block_size
+            tail_end = aligned // block_size + shift
             for place in range(max(start, tail_end - need), min(end, tail_end)):
                 mask[place - start] = True
         return mask
@@ -981,11 +1001,11 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     def replay_boundaries(self, prompt_len: int) -> tuple[int, ...]:
         """``replay_boundaries``: where a later request replaying the prompt resumes: a
         resend of it at ``prompt_len - 1`` (its last token is recomputed); where a group
-        drops its last hit block, the block below a resend's and a longer sibling's
-        block-aligned hit."""
+        drops its last hit block, the scheduler block below a resend's and a longer
+        sibling's hit, both on scheduler blocks."""
         if not any(self.drop_groups):
             return (prompt_len - 1,)
-        block_size = self.block_size
+        block_size = self.scheduler_block_size
         resend = (prompt_len - 1) // block_size * block_size
         extension = prompt_len // block_size * block_size
         return tuple(sorted({max(resend - block_size, 0), max(extension - block_size, 0)}))

@@ -61,13 +61,16 @@ def test_every_stream_hits_the_system_prompt(profile: str) -> None:
 
 def _hybrid_layout(rng: random.Random, block_size: int, eagle: bool) -> tuple[KVGroup, ...]:
     """Shaped like gpt-oss (a sliding window beside full attention) or Llama 4 (chunked
-    local attention beside it), windows and chunks of one to three blocks."""
+    local attention beside it), windows and chunks of one to three blocks; beside a
+    window, full attention at twice its block one time in three (Gemma-like pages)."""
     width = block_size * rng.randint(1, 3)
     if rng.random() < 0.6:
         local = KVGroup("sliding_window", block_size, sliding_window=width)
+        full_block = block_size * rng.choice((1, 1, 2))
     else:
         local = KVGroup("chunked_local_attention", block_size, attention_chunk_size=width)
-    return (local, KVGroup("full_attention", block_size, is_eagle_group=eagle))
+        full_block = block_size
+    return (local, KVGroup("full_attention", full_block, is_eagle_group=eagle))
 
 
 def _random_scenario(rng: random.Random, index: int) -> Scenario:

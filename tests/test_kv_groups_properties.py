@@ -43,18 +43,23 @@ SETTINGS = settings(
 METHODS = (None, "ngram", "eagle", "dflash")
 
 
-FAMILIES = ("swa", "chunked", "mamba", "mamba-align", "mla", "swa-mla")
+FAMILIES = ("swa", "chunked", "mamba", "mamba-align", "mla", "swa-mla", "swa-2x", "full-2x")
+"""``swa-2x``: a window beside full attention at twice its block; ``full-2x``: full
+attention beside the drafter's at twice its block."""
 
 
 def _layout(draw: st.DrawFn, family: str, block_size: int) -> list[dict[str, Any]]:
     """A family's groups, in vLLM's spec kinds."""
     full: dict[str, Any] = {"kind": "full_attention", "block_size": block_size}
     window = draw(st.integers(1, 24))
-    if family == "swa":
+    twice = {**full, "block_size": 2 * block_size}
+    if family in ("swa", "swa-2x"):
         return [
             {"kind": "sliding_window", "block_size": block_size, "sliding_window": window},
-            full,
+            twice if family == "swa-2x" else full,
         ]
+    if family == "full-2x":
+        return [full, {**twice, "is_eagle_group": True}]
     if family == "chunked":
         chunk = {"kind": "chunked_local_attention", "block_size": block_size}
         return [{**chunk, "attention_chunk_size": window}, full]
@@ -77,7 +82,7 @@ def _runs_async(profile: str, method: str | None, k: int) -> bool:
     return runs_async(spec, profile_named(profile).release)
 
 
-CACHING_FAMILIES = ("swa", "mla", "swa-mla")
+CACHING_FAMILIES = ("swa", "mla", "swa-mla", "swa-2x", "full-2x")
 """The families whose prefix caching the reference models."""
 
 

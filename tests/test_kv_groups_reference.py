@@ -210,7 +210,10 @@ def test_mamba_groups_share_one_cache_mode() -> None:
         (
             {
                 "enable_prefix_caching": True,
-                "kv_groups": (SLIDING_WINDOW, KVGroup("full_attention", 8)),
+                "kv_groups": (
+                    KVGroup("chunked_local_attention", BLOCK_SIZE, attention_chunk_size=8),
+                    KVGroup("full_attention", 8),
+                ),
             },
             "kv_groups[0].block_size",
         ),
