@@ -627,6 +627,16 @@ AIMS: dict[str, Aim] = {
                     GroupShape("sliding_window", window_blocks=2),
                     GroupShape("full_attention", block_scale=2, is_eagle_group=True),
                 ),
+                # Both again: a hit across two block sizes needs one of these two drawn
+                # with caching on and a prefix asked twice, for every method.
+                (
+                    GroupShape("full_attention"),
+                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
+                ),
+                (
+                    GroupShape("sliding_window", window_blocks=2),
+                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
+                ),
             ),
             layout_caching=True,
         ),

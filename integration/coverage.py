@@ -236,7 +236,7 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         "hybrid",
         "Mamba's align mode moving a prefill chunk's end back to a block boundary"
         " (vLLM's _mamba_block_aligned_split): the hybrid aim draws Mamba in align mode"
-        " in two of its seven layouts, with budgets that cut prompts off a boundary.",
+        " in three of its layouts, with budgets that cut prompts off a boundary.",
     ),
     CoverageEvent(
         "hybrid_hit_cut",
@@ -247,6 +247,16 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         " prefix caching on its layouts without Mamba, with arrivals sharing prefixes, and"
         " windows of one or two blocks whose blocks, freed as the window slides, are"
         " evicted from the pool's head while full attention's are still held.",
+    ),
+    CoverageEvent(
+        "hit_across_block_sizes",
+        "hit-sizes",
+        "hybrid",
+        "A request admitted with a prefix hit on KV groups of different block sizes (hashes"
+        " of the sizes' GCD, the hit on their LCM): the hybrid aim draws two layouts of"
+        " two block sizes (full attention at twice a window's block, and at twice the"
+        " target's for the drafter's), prefix caching on in most draws, with arrivals"
+        " sharing prefixes.",
     ),
     CoverageEvent(
         "hybrid_preempt",

@@ -543,6 +543,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         cut = self.pending_cuts.pop(request.request_id, 0)
         if cut:
             self.observed["hybrid_hit_cut"] += 1
+        if hits[0] and self.scheduler_block_size != self.block_size:
+            self.observed["hit_across_block_sizes"] += 1
         self._cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
         self._promise(request)
         return True

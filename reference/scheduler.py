@@ -77,11 +77,13 @@ KV_GROUP_OBSERVED = (
     "mamba_aligned_split",
     "hybrid_preempt",
     "hybrid_hit_cut",
+    "hit_across_block_sizes",
 )
 """The counters of the hybrid coordinator (``kv_hybrid``): blocks a sliding-window or
 chunked-local group freed as they fell out of its window, a chunk Mamba's ``align`` mode
-cut to a block boundary, a preemption under a pool of several groups, and a request
-admitted with a prefix hit that another group cut short of one group's own hit."""
+cut to a block boundary, a preemption under a pool of several groups, a request
+admitted with a prefix hit that another group cut short of one group's own hit, and one
+admitted with a prefix hit on groups of different block sizes."""
 OBSERVED = (
     "async_in_flight",
     "stale_output",

@@ -351,6 +351,7 @@ CASES: tuple[Case, ...] = (
         ),
         {0: ({"r0": 20}, {}, []), 1: ({"r0": 1, "r1": 5}, {}, [])},
         {0: 31, 1: 27},
+        {"hit_across_block_sizes": 1},
     ),
     Case(
         # Window 4. Step 0: r0's 8 tokens take 2 blocks in each group (15 -> 11).

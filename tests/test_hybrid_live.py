@@ -652,14 +652,14 @@ def test_groups_of_one_spec_looked_up_apart_are_found_where_a_hit_drops_a_block(
     def plant() -> None:
         monkeypatch.setattr(kv_coordinator, "lookup_types", _each_group_apart)
 
-    # Seed 1: its 20 examples draw a layout of two groups of one spec beside the drafter's
-    # whose hits differ under 0.32 (seeds 2 and 3 do not).
+    # Seed 2: its 20 examples draw a layout of two groups of one spec beside the drafter's
+    # whose hits differ under 0.32 (seed 1 does not).
     if profile_named(profile).release.drops_last_hit_block("eagle"):
-        found = _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
+        found = _planted_is_found(profile, tmp_path, monkeypatch, 2, plant)
         assert any(len(group_ids) > 1 for group_ids in lookup_types(found.config.groups))
     else:
         with pytest.raises(AssertionError, match="went unnoticed"):
-            _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
+            _planted_is_found(profile, tmp_path, monkeypatch, 2, plant)
 
 
 def _every_block_retained(
@@ -703,9 +703,8 @@ def test_a_planted_missing_checkpoint_block_is_found_by_the_fuzz(
             _no_checkpoint_without_caching(HybridKVCacheManager._reserve_checkpoint),
         )
 
-    # Seed 14: its 20 examples draw Mamba align with checkpoint blocks and caching off in
-    # both releases (of seeds 1 to 13, only 13 does under 0.33, and it does not under
-    # 0.32).
-    found = _planted_is_found(profile, tmp_path, monkeypatch, 14, plant)
+    # Seed 7: its 20 examples draw Mamba align with checkpoint blocks and caching off in
+    # both releases (of seeds 1 to 6, 6 does under 0.33 only and 3 under 0.32 only).
+    found = _planted_is_found(profile, tmp_path, monkeypatch, 7, plant)
     assert not found.config.enable_prefix_caching
     assert found.config.mamba_prefill_checkpoint_blocks == 1

@@ -214,13 +214,14 @@ def test_hybrid_caching_runs_end_and_every_block_is_accounted_for(scenario: Scen
         (("swa", "chunked", "swa-mla"), {"window_blocks_freed"}),
         (("mamba-align",), {"mamba_aligned_split"}),
         (("swa", "swa-mla"), {"hybrid_hit_cut"}),
+        (("swa-2x", "full-2x"), {"hit_across_block_sizes"}),
     ],
 )
 def test_the_random_layouts_reach_the_kv_group_events(
     families: tuple[str, ...], events: set[str]
 ) -> None:
     reached: set[str] = set()
-    caching = "hybrid_hit_cut" in events
+    caching = bool(events & {"hybrid_hit_cut", "hit_across_block_sizes"})
 
     @settings(SETTINGS, max_examples=15)
     @given(scenarios(families, caching=caching))
