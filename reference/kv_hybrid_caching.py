@@ -153,6 +153,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
     sizes, where every hit and every group's cacheable tokens are cut back to."""
     hashes_per_block: tuple[int, ...] = field(init=False)
     """Per group, the hashes one of its blocks spans (its block size over the hash's)."""
+    one_block_size: bool = field(init=False)
+    """Every group's block is the hash's and the scheduler's: no alignment, no prompt
+    tail to key, one count of full blocks for every group (the fast paths rest on it).
+    Read off ``groups``."""
     tails_cached: dict[tuple[str, int], int] = field(default_factory=dict)
     """Per (request, group), the prompt tail boundary keyed in its block (``tail_key``)
     since the request last took blocks: keying it again changes nothing the scheduler
@@ -175,6 +179,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             self.scheduler_block_size % group.block_size == 0 for group in self.groups
         ), f"scheduler block {self.scheduler_block_size} is no common multiple of the groups'"
         object.__setattr__(self, "hashes_per_block", spans)
+        object.__setattr__(self, "one_block_size", self.scheduler_block_size == self.block_size)
 
     # -- hashes ------------------------------------------------------------------------
     def _hashing(self) -> PrefixCachingKVCacheManager:
@@ -367,8 +372,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if drop and hits[0]:
             for hit in hits:
                 hit.pop()
-        # Back to the scheduler block, where every group's blocks end (a no-op where
-        # this group's block is it).
+        if self.one_block_size:
+            return hits, len(hits[0]) * block_size
+        # Back to the scheduler block, where every group's blocks end.
         num_blocks = len(hits[0]) * block_size // self.scheduler_block_size
         num_blocks = num_blocks * self.scheduler_block_size // block_size
         for hit in hits:
@@ -380,6 +386,9 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         block, of which each group holds its share of blocks."""
         if not hit:
             return [() for _ in self.groups]
+        if self.one_block_size:
+            size = len(hit) // len(self.groups)
+            return [hit[index * size : (index + 1) * size] for index in range(len(self.groups))]
         shares = [self.scheduler_block_size // group.block_size for group in self.groups]
         num_scheduler_blocks = len(hit) // sum(shares)
         split, start = [], 0
@@ -569,10 +578,14 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         processed = total_computed - request.num_in_flight_tokens
         if processed >= request.kv_skip_horizon:  # below it, no group frees a block
             self.remove_skipped_blocks(state, request, processed)
-        lacking = [
-            cdiv(need_slot, group.block_size) - len(blocks.block_ids)
-            for group, blocks in zip(self.groups, request.kv_groups, strict=True)
-        ]
+        if self.one_block_size:
+            required = cdiv(need_slot, self.block_size)
+            lacking = [required - len(blocks.block_ids) for blocks in request.kv_groups]
+        else:
+            lacking = [
+                cdiv(need_slot, group.block_size) - len(blocks.block_ids)
+                for group, blocks in zip(self.groups, request.kv_groups, strict=True)
+            ]
         wanted = sum(num_new for num_new in lacking if num_new > 0)
         if wanted > state.free_blocks:
             return False
@@ -614,9 +627,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                     next_cached += self.num_reprefillable_tokens
                 if next_cached < limit:
                     limit = next_cached
-            tail = self._tail_boundary(request, index)
-            if 0 < tail <= limit:
-                limit = tail - 1
+            if not self.one_block_size:
+                tail = self._tail_boundary(request, index)
+                if 0 < tail <= limit:
+                    limit = tail - 1
             if limit < covered:
                 covered = limit
         request.kv_slots_covered = covered
@@ -720,7 +734,14 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         it looked (False: every group caches that far already)."""
         hashes = request.block_hashes or ()
         num_hashed = len(hashes) * self.block_size
-        if self.without_mamba:
+        if self.without_mamba and self.one_block_size:
+            num_full = min(num_tokens, num_hashed) // self.block_size
+            for blocks in request.kv_groups:
+                if blocks.num_cached_blocks < num_full:
+                    break
+            else:
+                return False
+        elif self.without_mamba:
             for index, (group, blocks) in enumerate(
                 zip(self.groups, request.kv_groups, strict=True)
             ):
@@ -745,13 +766,15 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             if isinstance(group, MambaAlignManager):
                 self._cache_mamba_blocks(state, request, index, blocks, cacheable)
                 continue
-            # Cut back to the scheduler block, where hits land; a dropping group keeps one
-            # block of its own past it, the one its hit matches and drops.
-            aligned = cacheable // scheduler_block_size * scheduler_block_size
-            if self.drop_groups[index] and num_tokens >= scheduler_block_size:
-                cacheable = min(cacheable, aligned + group.block_size)
-            else:
-                cacheable = aligned
+            if not self.one_block_size:
+                # Cut back to the scheduler block, where hits land; a dropping group keeps
+                # one block of its own past it, the one its hit matches and drops (with one
+                # block size, the full blocks counted come out the same either way).
+                aligned = cacheable // scheduler_block_size * scheduler_block_size
+                if self.drop_groups[index] and num_tokens >= scheduler_block_size:
+                    cacheable = min(cacheable, aligned + group.block_size)
+                else:
+                    cacheable = aligned
             self._cache_full_blocks(pool, request, index, group, blocks, cacheable)
             if self.hashes_per_block[index] > 1 and type(group) is FullAttentionManager:
                 self._cache_prompt_tail(pool, request, index, blocks, cacheable)
