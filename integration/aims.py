@@ -380,6 +380,21 @@ LOOSE_OVER_DECODE_WIDTHS = Budgets(
 """The token budget a few decodes wide, B above it by eight requests' slots and up to 16
 more: the token budget binds, the input budget never before it."""
 
+TWO_BLOCK_SIZE_LAYOUTS: tuple[KVLayout, ...] = (
+    # The drafter's full attention at twice the target's block (vLLM doubles a layer's
+    # block to match a larger page): hashes of the smaller block, hits on the larger.
+    (
+        GroupShape("full_attention"),
+        GroupShape("full_attention", block_scale=2, is_eagle_group=True),
+    ),
+    # Gemma-like: a window beside full attention at twice its block.
+    (
+        GroupShape("sliding_window", window_blocks=2),
+        GroupShape("full_attention", block_scale=2, is_eagle_group=True),
+    ),
+)
+"""The hybrid aim's layouts of two block sizes."""
+
 AIMS: dict[str, Aim] = {
     # Configs over the whole space, refused ones included. Small pools force preemption
     # (the null block and one full request always fit); the token budget mostly vLLM's
@@ -615,28 +630,10 @@ AIMS: dict[str, Aim] = {
                     GroupShape("full_attention", is_eagle_group=True),
                 ),
                 (GroupShape("mla_attention"), GroupShape("mla_attention", is_eagle_group=True)),
-                # Groups of two block sizes (vLLM doubles a layer's block to match a
-                # larger page): hashes of the smaller block, hits on the larger. The
-                # drafter's full attention at twice the target's block:
-                (
-                    GroupShape("full_attention"),
-                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
-                ),
-                # Gemma-like: a window beside full attention at twice its block.
-                (
-                    GroupShape("sliding_window", window_blocks=2),
-                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
-                ),
-                # Both again: a hit across two block sizes needs one of these two drawn
-                # with caching on and a prefix asked twice, for every method.
-                (
-                    GroupShape("full_attention"),
-                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
-                ),
-                (
-                    GroupShape("sliding_window", window_blocks=2),
-                    GroupShape("full_attention", block_scale=2, is_eagle_group=True),
-                ),
+                # Twice: a hit across two block sizes needs one of these drawn with
+                # caching on and a prefix asked twice, for every method.
+                *TWO_BLOCK_SIZE_LAYOUTS,
+                *TWO_BLOCK_SIZE_LAYOUTS,
             ),
             layout_caching=True,
         ),

@@ -93,10 +93,19 @@ def group_key(block_hash: str, group: int) -> str:
     return f"{block_hash}@{group}"
 
 
+TAIL = "/tail"
+"""What ends a prompt tail's key (``tail_key``), and no full block's."""
+
+
 def tail_key(block_hash: str, group: int) -> str:
     """``cache_partial_block``'s key of a prompt tail inside a block: never a full block's
     key (a lookup reads only those), but a hash all the same to the free queue."""
-    return f"{block_hash}@{group}/tail"
+    return group_key(block_hash, group) + TAIL
+
+
+def is_tail_key(key: str) -> bool:
+    """Whether ``key`` is a prompt tail's (``tail_key``)."""
+    return key.endswith(TAIL)
 
 
 def _cached_blocks(
@@ -372,9 +381,8 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if drop and hits[0]:
             for hit in hits:
                 hit.pop()
-        if self.one_block_size:
-            return hits, len(hits[0]) * block_size
-        # Back to the scheduler block, where every group's blocks end.
+        # Back to the scheduler block, where every group's blocks end (with one block
+        # size, every block ends on one).
         num_blocks = len(hits[0]) * block_size // self.scheduler_block_size
         num_blocks = num_blocks * self.scheduler_block_size // block_size
         for hit in hits:
@@ -386,9 +394,6 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         block, of which each group holds its share of blocks."""
         if not hit:
             return [() for _ in self.groups]
-        if self.one_block_size:
-            size = len(hit) // len(self.groups)
-            return [hit[index * size : (index + 1) * size] for index in range(len(self.groups))]
         shares = [self.scheduler_block_size // group.block_size for group in self.groups]
         num_scheduler_blocks = len(hit) // sum(shares)
         split, start = [], 0
@@ -397,6 +402,10 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
             split.append(hit[start:end])
             start = end
         return split
+
+    def _hit_tokens(self, hits: list[tuple[int, ...]]) -> int:
+        """The tokens a split hit covers: every group's blocks reach the same token."""
+        return len(hits[0]) * self.groups[0].block_size
 
     # -- allocation ----------------------------------------------------------------------
     def _num_blocks_to_allocate(
@@ -464,7 +473,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         hits = self._split_hit(hit)
         if self._hit_state_pending(state, hits):
             return False
-        hit_tokens = len(hits[0]) * self.groups[0].block_size
+        hit_tokens = self._hit_tokens(hits)
         total_computed = min(request.num_computed_tokens + hit_tokens, self.max_model_len)
         full = min(request.num_tokens, self.max_model_len)
         prefill_end = self._prefill_end(request)
@@ -499,7 +508,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         if self._hit_state_pending(state, hits):
             # Only a new request has a hit, and it holds no blocks to free first.
             return False
-        num_local_computed = request.num_computed_tokens + len(hits[0]) * self.groups[0].block_size
+        num_local_computed = request.num_computed_tokens + self._hit_tokens(hits)
         total_computed = min(num_local_computed, self.max_model_len)
         main = total_computed + num_new_tokens
         need_slot = self.slots_needed(total_computed, num_new_tokens)
@@ -552,7 +561,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
         cut = self.pending_cuts.pop(request.request_id, 0)
         if cut:
             self.observed["hybrid_hit_cut"] += 1
-        if hits[0] and self.scheduler_block_size != self.block_size:
+        if hits[0] and not self.one_block_size:
             self.observed["hit_across_block_sizes"] += 1
         self._cache_blocks(state, request, min(total_computed + num_new_tokens, request.num_tokens))
         self._promise(request)
@@ -808,7 +817,7 @@ class HybridPrefixCachingKVCacheManager(HybridKVCacheManager):
                 if not block:
                     continue
                 key = pool.block_hash[block]
-                if key is not None and key.endswith("/tail"):
+                if key is not None and is_tail_key(key):
                     pool.uncache(block)
                     key = None
                 if key is None:
