@@ -179,6 +179,7 @@ class GroupShape:
     """``attention_chunk_size`` in blocks (``chunked_local_attention``)."""
     mamba_cache_mode: str = "none"
     is_eagle_group: bool = False
+    spec_variant: int = 0
 
     def at(self, block_size: int) -> KVGroup:
         window = None if self.window_blocks is None else self.window_blocks * block_size
@@ -190,6 +191,7 @@ class GroupShape:
             attention_chunk_size=chunk,
             mamba_cache_mode=self.mamba_cache_mode,
             is_eagle_group=self.is_eagle_group,
+            spec_variant=self.spec_variant,
         )
 
 
@@ -395,6 +397,17 @@ TWO_BLOCK_SIZE_LAYOUTS: tuple[KVLayout, ...] = (
 )
 """The hybrid aim's layouts of two block sizes."""
 
+DEEPSEEK_V4_LAYOUT: KVLayout = (
+    # Compressed MLA in two specs vLLM looks up apart (the drafter's layers in the first),
+    # beside the sliding-window MLA of its layers and of its compressors' states, at a
+    # half and a quarter of MLA's block.
+    GroupShape("mla_attention", block_scale=4, is_eagle_group=True),
+    GroupShape("mla_attention", block_scale=4, spec_variant=1),
+    GroupShape("sliding_window_mla", block_scale=2, window_blocks=4),
+    GroupShape("sliding_window_mla", window_blocks=2),
+)
+"""The hybrid aim's layout shaped like DeepSeek V4's (``reference/deployments.py``)."""
+
 AIMS: dict[str, Aim] = {
     # Configs over the whole space, refused ones included. Small pools force preemption
     # (the null block and one full request always fit); the token budget mostly vLLM's
@@ -572,7 +585,8 @@ AIMS: dict[str, Aim] = {
     # KV group layouts shaped like the served families (gpt-oss + EAGLE3: a sliding
     # window beside full attention holding the drafter; Llama 4: chunks of two blocks
     # beside full attention holding the drafter; DeepSeek: MLA, and sliding-window
-    # MLA beside it; Qwen3-Next: Mamba beside full attention, align mode most often),
+    # MLA beside it, and V4's four groups of three block sizes, two MLA specs looked up
+    # apart; Qwen3-Next: Mamba beside full attention, align mode most often),
     # aimed at the hybrid coordinator's events: windows of one or two blocks, so that
     # decodes soon free the blocks behind them; a pool of one to 1.5 full requests (in
     # every group), so that growing decodes preempt under the shared pool; budgets below
@@ -634,6 +648,7 @@ AIMS: dict[str, Aim] = {
                 # caching on and a prefix asked twice, for every method.
                 *TWO_BLOCK_SIZE_LAYOUTS,
                 *TWO_BLOCK_SIZE_LAYOUTS,
+                DEEPSEEK_V4_LAYOUT,
             ),
             layout_caching=True,
         ),

@@ -255,8 +255,8 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         "A request admitted with a prefix hit on KV groups of different block sizes (hashes"
         " of the sizes' GCD, the hit on their LCM): the hybrid aim draws two layouts of"
         " two block sizes (full attention at twice a window's block, and at twice the"
-        " target's for the drafter's), prefix caching on in most draws, with arrivals"
-        " sharing prefixes.",
+        " target's for the drafter's) and DeepSeek V4's of three, prefix caching on in"
+        " most draws, with arrivals sharing prefixes.",
     ),
     CoverageEvent(
         "hybrid_preempt",

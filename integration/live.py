@@ -385,17 +385,19 @@ def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
     """vLLM's ``KVCacheSpec`` for one KV group: only the fields the KV managers read carry
     the group's values (block size, window, chunk, Mamba mode and the speculative state
     blocks vLLM's Mamba layers ask for, ``num_speculative_tokens``, and their prefill
-    checkpoint blocks); the tensor shapes are
-    any small ones, never allocated."""
+    checkpoint blocks); the tensor shapes are any small ones, never allocated, of a size
+    told apart by the group's ``spec_variant``."""
     import dataclasses
 
     import torch
     from vllm.v1 import kv_cache_interface as kv
 
+    # A spec variant differs from its kind's first spec in a field that decides no
+    # blocks, as DeepSeek's indexer and compressed-MLA layers differ in their head size.
     attention: dict[str, Any] = {
         "block_size": group.block_size,
         "num_kv_heads": 1,
-        "head_size": 32,
+        "head_size": 32 * (1 + group.spec_variant),
         "dtype": torch.bfloat16,
     }
     specs: dict[str, Any] = {
@@ -418,7 +420,7 @@ def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
         ),
         "mamba": lambda: kv.MambaSpec(
             block_size=group.block_size,
-            shapes=((4,),),
+            shapes=((4 * (1 + group.spec_variant),),),
             dtypes=(torch.float32,),
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=config.num_speculative_tokens,

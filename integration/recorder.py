@@ -46,7 +46,6 @@ from dualbudget.reference.settings import (
     KV_SPEC_KINDS,
     REQUEST_SETTINGS,
     SETTINGS_IN_CONFIG,
-    SPEC_OF_ITS_OWN,
     Json,
 )
 from dualbudget.reference.trace import TraceHeader, TraceWriter
@@ -107,15 +106,12 @@ def kv_groups_of(vllm_config: Any, kv_cache_config: Any) -> tuple[KVGroup, ...]:
     class is left out here; ``kv_cache_groups`` in the settings names it and replay refuses
     it."""
     groups = kv_cache_config.kv_cache_groups
-    names = [type(group.kv_cache_spec).__name__ for group in groups]
-    if names == ["FullAttentionSpec"] and (
+    if kv_cache_group_names(kv_cache_config) == ["FullAttentionSpec"] and (
         groups[0].kv_cache_spec.block_size == vllm_config.cache_config.block_size
     ):
         return ()
     return tuple(
-        _kv_group_of(vllm_config, group, name)
-        for group, name in zip(groups, names, strict=True)
-        if name in KV_SPEC_KINDS
+        group for group in _modelled_groups(vllm_config, kv_cache_config) if group is not None
     )
 
 
@@ -136,23 +132,30 @@ def _kv_group_of(vllm_config: Any, group: Any, name: str) -> KVGroup:
     )
 
 
-def kv_cache_group_names(vllm_config: Any, kv_cache_config: Any) -> list[str]:
-    """``kv_cache_groups``: the spec class of each KV cache group. vLLM looks the groups of
-    one spec up together; the reference tells specs apart by the fields ``KVGroup``
-    holds, so a group whose spec differs from an earlier group's only in others (a head
-    size, say) is named with ``SPEC_OF_ITS_OWN``, a class replay refuses."""
-    groups = kv_cache_config.kv_cache_groups
-    names = [type(group.kv_cache_spec).__name__ for group in groups]
-    seen: list[tuple[KVGroup, Any]] = []
-    for index, (group, name) in enumerate(zip(groups, names, strict=True)):
-        if name not in KV_SPEC_KINDS:
-            continue
-        modelled = _kv_group_of(vllm_config, group, name).kv_cache_spec
+def _modelled_groups(vllm_config: Any, kv_cache_config: Any) -> list[KVGroup | None]:
+    """Each group's ``KVGroup`` (None for a class the reference does not model). vLLM looks
+    up together only the groups of equal spec; a group whose spec equals an earlier one's
+    in every field ``KVGroup`` holds but not in all of vLLM's (a head size, say) gets the
+    next ``spec_variant``, so the reference looks it up apart as well."""
+    out: list[KVGroup | None] = []
+    variants: dict[KVGroup, list[Any]] = {}
+    for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
-        if any(other == modelled and other_spec != spec for other, other_spec in seen):
-            names[index] = name + SPEC_OF_ITS_OWN
-        seen.append((modelled, spec))
-    return names
+        name = type(spec).__name__
+        if name not in KV_SPEC_KINDS:
+            out.append(None)
+            continue
+        modelled = _kv_group_of(vllm_config, group, name)
+        specs = variants.setdefault(modelled.kv_cache_spec, [])
+        if spec not in specs:
+            specs.append(spec)
+        out.append(dataclasses.replace(modelled, spec_variant=specs.index(spec)))
+    return out
+
+
+def kv_cache_group_names(kv_cache_config: Any) -> list[str]:
+    """``kv_cache_groups``: the spec class of each KV cache group."""
+    return [type(group.kv_cache_spec).__name__ for group in kv_cache_config.kv_cache_groups]
 
 
 def _largest_in_groups(kv_cache_config: Any, field: str) -> int:
@@ -190,7 +193,7 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
         "disable_lookahead_block_hashes": bool(
             getattr(spec, "disable_lookahead_block_hashes", False)
         ),
-        "kv_cache_groups": kv_cache_group_names(vllm_config, kv_cache_config),
+        "kv_cache_groups": kv_cache_group_names(kv_cache_config),
         # The scheduler's KV managers read the KVCacheConfig's copy, which vLLM's engine
         # sets from cache_config (default 0, sparse); a scheduler built on its own
         # KVCacheConfig runs that one's (None, dense).

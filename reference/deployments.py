@@ -122,6 +122,22 @@ _QWEN3_NEXT_MAMBA = (_group("mamba", 16, mamba_cache_mode="align"),) * 3
 # UniformTypeKVCacheSpecs group, whose first layer spec the scheduler's KVCacheConfig
 # keeps (generate_scheduler_kv_cache_config), so its scheduler sees V3's one MLA group.
 _MLA = _group("mla_attention", 64)
+# DeepSeek V4's layers, as its model code asks for them: compressed MLA at the cache block
+# (256, its sparse backend's preferred block) in states of 4 or 128 tokens, and the
+# indexer's keys, MLA specs that differ in fields deciding no blocks, so vLLM looks their
+# groups up apart and each further spec carries a spec_variant (two listed here); a
+# sliding-window MLA cache per layer in blocks of 64; the compressors' states,
+# sliding-window MLA in blocks of 4 (window 8) and of 8 (window 128). How many groups of
+# each vLLM's planner makes follows the layer counts and the GPU's KV layout, which a
+# trace records; the verdict reads the kinds, block sizes and variants only. The layers'
+# window is the model config's (128 here).
+_DEEPSEEK_V4 = (
+    _group("mla_attention", 256),
+    _group("mla_attention", 256, spec_variant=1),
+    _group("sliding_window_mla", 64, sliding_window=128),
+    _group("sliding_window_mla", 4, sliding_window=8),
+    _group("sliding_window_mla", 8, sliding_window=128),
+)
 
 DEPLOYMENTS: tuple[Deployment, ...] = (
     Deployment(
@@ -138,6 +154,7 @@ DEPLOYMENTS: tuple[Deployment, ...] = (
         {"decode_context_parallel_size": 8},
     ),
     Deployment("DeepSeek V3.2 + MTP (indexer layers in the MLA group)", "mtp", 1, (_MLA,)),
+    Deployment("DeepSeek V4 + MTP", "mtp", 1, _DEEPSEEK_V4),
     Deployment(
         "Qwen3-Next + MTP on Hopper (FlashInfer prefill)", "mtp", 2,
         (*_QWEN3_NEXT_MAMBA, _FULL),

@@ -8,8 +8,6 @@ is refused by name.
 
 from __future__ import annotations
 
-import math
-
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
@@ -179,9 +177,8 @@ def hybrid_caching_manager(
                 "prefix caching with a 'chunked_local_attention' group whose hit drops its"
                 " last block (the drafter's group) is not modelled: vLLM asserts against it",
             )
-    # resolve_kv_cache_block_sizes: vLLM hashes at the GCD of the groups' block sizes
-    # (no prefix_match_unit: refused), a group's block keyed by the hashes it spans.
-    block_size = math.gcd(*(group.block_size for group in groups))
+    # A group's block is keyed by the hashes it spans.
+    block_size = config.hash_block_size
     # Only the requests' hashes: the coordinator caches each group's blocks itself.
     hashing = PrefixCachingKVCacheManager(
         block_size, manager.max_model_len, manager.num_lookahead_tokens, rule, manager.observed

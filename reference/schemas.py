@@ -169,7 +169,9 @@ class KVGroupJson(Schema):
         description="the chunk, for `chunked_local_attention`",
     )
     mamba_cache_mode: str = Field(
-        default=_group("mamba_cache_mode"), description="for `mamba`: `none` or `align`"
+        default=_group("mamba_cache_mode"),
+        description="for `mamba`: `none` or `align`, the modes of vLLM's `MambaCacheMode`"
+        " in 0.32 and 0.33 (neither has an `all`)",
     )
     is_eagle_group: bool = Field(
         default=_group("is_eagle_group"),
@@ -177,6 +179,11 @@ class KVGroupJson(Schema):
     )
     is_draft: bool = Field(
         default=_group("is_draft"), description="the drafter's own spec (DFlash, DSpark)"
+    )
+    spec_variant: int = Field(
+        default=_group("spec_variant"),
+        description="which spec of its kind and fields: groups whose vLLM specs differ only"
+        " in fields that decide no blocks (a head size) are looked up apart",
     )
 
     def kv_group(self) -> KVGroup:

@@ -118,12 +118,6 @@ by class name, as ``kv_cache_groups`` records them. ``UniformTypeKVCacheSpecs`` 
 one kind whose specs did not merge) and every other class are refused by name."""
 
 
-SPEC_OF_ITS_OWN = " (a spec of its own)"
-"""Marks, in ``kv_cache_groups``, a group that vLLM looks up apart from an earlier group
-the reference cannot tell from it (their specs differ only in fields ``KVGroup`` does not
-hold): no class the reference models, so replay refuses it."""
-
-
 def _groups_in_config(value: Json, config: EngineConfig, profile: Profile) -> bool:
     # The reference runs on config.kv_groups, which the recorder writes from the same
     # KVCacheConfig: the recorded classes must be the kinds of exactly those groups.
@@ -195,9 +189,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "kv_cache_groups", "kv_cache_config.kv_cache_groups[].kv_cache_spec",
         ["FullAttentionSpec"], False, ["FullAttentionSpec"],
-        "sliding-window, Mamba or hybrid groups allocate KV blocks otherwise; vLLM looks"
-        " up groups of one spec together, and one marked as a spec of its own differs"
-        " from another only in fields the reference does not hold",
+        "sliding-window, Mamba or hybrid groups allocate KV blocks otherwise",
         also_replays=_groups_in_config,
         also="or the groups of config.kv_groups, each of a kind the reference models",
     ),

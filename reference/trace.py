@@ -259,7 +259,7 @@ def read_trace(path: str | Path) -> Trace:
     free_blocks: dict[int, int] = {}
     # Before version 3 a prefix-cached trace holds no hashes: read, but never replayed.
     hashed = header.enable_prefix_caching and header.version >= HASHES_FROM
-    chain = _HashChain(name, header.config.block_size, hashed, _hash_lookahead(header))
+    chain = _HashChain(name, header.config.hash_block_size, hashed, _hash_lookahead(header))
     steps = 0
     for lineno, text in enumerate(lines[1:], start=2):
         where = f"trace {name!r} line {lineno}"
@@ -400,8 +400,8 @@ class _HashChain:
             past = f", hashed once {self._lookahead} more follow" if self._lookahead else ""
             raise TraceError(
                 f"{where} holds {len(held) + len(hashes)} block hashes, more than the {full}"
-                f" full blocks of block_size {self._block_size} in its {tokens} tokens so"
-                f" far{past}"
+                f" full blocks of the hash block size {self._block_size} in its {tokens}"
+                f" tokens so far{past}"
             )
         for block_hash in hashes:
             position, parent = len(held), held[-1] if held else None

@@ -101,6 +101,11 @@ class KVGroup:
     is_draft: bool = False
     """The drafter's own spec (``KVCacheSpec.is_draft``: DFlash and DSpark drafters whose
     spec does not merge into the target's), a group of its own."""
+    spec_variant: int = 0
+    """Which spec of its kind and fields the group's is: 0 for the first, n for the n-th
+    whose vLLM ``KVCacheSpec`` differs from the earlier ones only in fields that decide no
+    blocks (a head size, a dtype, DeepSeek V4's tokens per state). vLLM looks up together
+    only groups of equal spec, so such groups are looked up apart."""
 
     @property
     def kv_cache_spec(self) -> KVGroup:
@@ -190,6 +195,13 @@ class EngineConfig:
         groups' block sizes, where prefix-cache hits land and, with caching off, the
         block size vLLM hashes at."""
         return math.lcm(*(group.block_size for group in self.groups))
+
+    @property
+    def hash_block_size(self) -> int:
+        """vLLM's hash block size with prefix caching on (``resolve_kv_cache_block_sizes``,
+        no ``prefix_match_unit``: refused): the GCD of the groups' block sizes, the tokens
+        each of a request's block hashes covers."""
+        return math.gcd(*(group.block_size for group in self.groups))
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -370,6 +382,11 @@ def check_kv_group(group: KVGroup, where: str) -> None:
         raise ConfigError(
             f"{where}.mamba_cache_mode",
             f"unknown mode {group.mamba_cache_mode!r} (known: {', '.join(MAMBA_CACHE_MODES)})",
+        )
+    variant = group.spec_variant
+    if isinstance(variant, bool) or not isinstance(variant, int) or variant < 0:
+        raise ConfigError(
+            f"{where}.spec_variant", f"must be a non-negative integer, got {variant!r}"
         )
     if group.mamba_cache_mode != "none" and group.kind != "mamba":
         raise ConfigError(f"{where}.mamba_cache_mode", f"applies to mamba, not {group.kind!r}")

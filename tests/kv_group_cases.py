@@ -331,6 +331,17 @@ aborted it goes to the free queue's tail. Under 0.33 it does not drop: the bound
 again but its cacheable tokens are 16, so the block stays unkeyed and goes to the head."""
 PROMPT_TAIL_KEYED = {"0.32": True, "0.33": False}
 
+TWO_LOOKUPS_PLACES = 10
+"""The prompt of the hand-worked lookups of two groups: 10 block hashes, one token more."""
+
+
+def two_lookups_cached() -> list[tuple[int, int, int]]:
+    """(group, place, block) of the hand-worked lookups of two groups: group 0 holds the
+    prompt's first 3 places cached, group 1 (the drafter's) its first 5, in blocks 1 on."""
+    places = [(group, place) for group, cached in ((0, 3), (1, 5)) for place in range(cached)]
+    return [(group, place, block) for block, (group, place) in enumerate(places, start=1)]
+
+
 CASES: tuple[Case, ...] = (
     Case(
         # Step 0: r0's 20 tokens take cdiv(20, 4) = 5 blocks of 4 and cdiv(20, 8) = 3 of

@@ -42,8 +42,10 @@ from tests.kv_group_cases import (
     PROMPT_TAIL_KEYED,
     SLIDING_WINDOW,
     STEP,
+    TWO_LOOKUPS_PLACES,
     Case,
     config,
+    two_lookups_cached,
 )
 
 
@@ -181,6 +183,7 @@ def test_kinds_vllm_has_are_refused_by_name(kind: str) -> None:
         (KVGroup("full_attention", 4, mamba_cache_mode="align"), "kv_groups[0].mamba_cache_mode"),
         (KVGroup("mamba", 4, mamba_cache_mode="all"), "kv_groups[0].mamba_cache_mode"),
         (KVGroup("full_attention", 0), "kv_groups[0].block_size"),
+        (KVGroup("full_attention", 4, spec_variant=-1), "kv_groups[0].spec_variant"),
         (KVGroup("linear_attention", 4), "kv_groups[0].kind"),
     ],
 )
@@ -251,6 +254,27 @@ def test_groups_of_one_spec_are_one_lookup_type() -> None:
     wide = dataclasses.replace(SLIDING_WINDOW, sliding_window=2 * SLIDING_WINDOW.sliding_window)  # type: ignore[operator]
     drafter = dataclasses.replace(FULL, is_eagle_group=True)
     assert lookup_types((SLIDING_WINDOW, wide, FULL, drafter)) == ((2, 3), (0,), (1,))
+    other_spec = dataclasses.replace(drafter, spec_variant=1)
+    assert lookup_types((FULL, other_spec, FULL)) == ((0, 2), (1,))
+
+
+def _hit_beside(
+    drafter: KVGroup,
+) -> tuple[HybridPrefixCachingKVCacheManager, tuple[int, ...], int]:
+    """Full attention beside ``drafter`` under 0.32 with EAGLE, the first group holding a
+    prompt's first 3 blocks cached, the drafter's its first 5: the coordinator, and the
+    hit (blocks, tokens) it finds for the prompt."""
+    hybrid = config(32, FULL, drafter, method="eagle", enable_prefix_caching=True)
+    scheduler = Scheduler(hybrid, profile_named("vllm-0.32"))
+    manager = scheduler.kv
+    assert isinstance(manager, HybridPrefixCachingKVCacheManager)
+    pool = manager.pool(scheduler.state)
+    request = RequestState("r", TWO_LOOKUPS_PLACES * BLOCK_SIZE + 1, 4)
+    request.block_hashes = [f"h{place}" for place in range(TWO_LOOKUPS_PLACES)]
+    for group, place, block in two_lookups_cached():
+        pool.cache(block, group_key(request.block_hashes[place], group))
+    hit, length = manager.get_computed_blocks(scheduler.state, request)
+    return manager, hit, length
 
 
 def test_groups_of_one_spec_hit_only_where_each_has_the_block() -> None:
@@ -259,23 +283,22 @@ def test_groups_of_one_spec_hit_only_where_each_has_the_block() -> None:
     drafter's 5. Looked up together the common run of 3 drops its last: 2 blocks, for
     both (each group's own lookup, vLLM's for groups of two specs, would keep 3: the
     first group does not drop, and the drafter's drop lands back on its 3)."""
-    drafter = dataclasses.replace(FULL, is_eagle_group=True)
-    hybrid = config(32, FULL, drafter, method="eagle", enable_prefix_caching=True)
-    scheduler = Scheduler(hybrid, profile_named("vllm-0.32"))
-    manager = scheduler.kv
-    assert isinstance(manager, HybridPrefixCachingKVCacheManager)
+    manager, hit, length = _hit_beside(dataclasses.replace(FULL, is_eagle_group=True))
     assert (manager.lookup_types, manager.drop_groups) == (((0, 1),), (True, True))
-    state = scheduler.state
-    pool = manager.pool(state)
-    request = RequestState("r", 10 * BLOCK_SIZE + 1, 4)
-    request.block_hashes = [f"h{place}" for place in range(10)]
-    free = iter(range(1, 32))
-    for group, cached in ((0, 3), (1, 5)):
-        for place in range(cached):
-            pool.cache(next(free), group_key(f"h{place}", group))
-    hit, length = manager.get_computed_blocks(state, request)
     assert length == 2 * BLOCK_SIZE
     assert hit == (1, 2, 4, 5)
+
+
+def test_groups_of_two_specs_are_looked_up_apart() -> None:
+    """The blocks cached as above, the drafter's group a spec of its own (``spec_variant``,
+    vLLM's spec of another head size): each group is looked up on its own and only the
+    drafter's drops (the one marked): the first keeps its 3 blocks, the drafter's its 4 of
+    5, so the hit is 3 blocks for both, where looked up together it was 2."""
+    drafter = KVGroup("full_attention", BLOCK_SIZE, is_eagle_group=True, spec_variant=1)
+    manager, hit, length = _hit_beside(drafter)
+    assert (manager.lookup_types, manager.drop_groups) == (((0,), (1,)), (False, True))
+    assert length == 3 * BLOCK_SIZE
+    assert hit == (1, 2, 3, 4, 5, 6)
 
 
 def test_a_chunked_local_group_whose_hit_drops_a_block_is_refused() -> None:
@@ -302,11 +325,13 @@ def test_the_scenario_format_reads_and_writes_kv_groups() -> None:
     obj["config"]["kv_groups"] = [
         {"kind": "sliding_window", "block_size": 4, "sliding_window": 8},
         {"kind": "full_attention", "block_size": 4, "is_eagle_group": True},
+        {"kind": "full_attention", "block_size": 4, "spec_variant": 1},
     ]
     read = parse_scenario(json.loads(json.dumps(obj)))
     assert read.config.kv_groups == (
         KVGroup("sliding_window", 4, sliding_window=8),
         KVGroup("full_attention", 4, is_eagle_group=True),
+        KVGroup("full_attention", 4, spec_variant=1),
     )
     assert scenario_to_json(read)["config"]["kv_groups"] == obj["config"]["kv_groups"]
     obj["config"]["kv_groups"] = [{"kind": "cross_attention", "block_size": 4}]

@@ -197,7 +197,7 @@ def test_more_hashes_than_full_blocks_is_refused(tmp_path: Path, lines: list[str
     stderr = refused(tmp_path, mangle_add(lines, 0, extra))
     full = first["prompt_len"] // 32
     assert f"request {first['request_id']!r} holds {full + 1} block hashes" in stderr
-    assert f"more than the {full} full blocks of block_size 32" in stderr
+    assert f"more than the {full} full blocks of the hash block size 32" in stderr
     assert "line 2" in stderr
 
 
