@@ -110,9 +110,7 @@ def kv_groups_of(vllm_config: Any, kv_cache_config: Any) -> tuple[KVGroup, ...]:
         groups[0].kv_cache_spec.block_size == vllm_config.cache_config.block_size
     ):
         return ()
-    return tuple(
-        group for group in _modelled_groups(vllm_config, kv_cache_config) if group is not None
-    )
+    return _modelled_groups(vllm_config, kv_cache_config)
 
 
 def _kv_group_of(vllm_config: Any, group: Any, name: str) -> KVGroup:
@@ -132,25 +130,24 @@ def _kv_group_of(vllm_config: Any, group: Any, name: str) -> KVGroup:
     )
 
 
-def _modelled_groups(vllm_config: Any, kv_cache_config: Any) -> list[KVGroup | None]:
-    """Each group's ``KVGroup`` (None for a class the reference does not model). vLLM looks
-    up together only the groups of equal spec; a group whose spec equals an earlier one's
-    in every field ``KVGroup`` holds but not in all of vLLM's (a head size, say) gets the
-    next ``spec_variant``, so the reference looks it up apart as well."""
-    out: list[KVGroup | None] = []
+def _modelled_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVGroup, ...]:
+    """The ``KVGroup`` of each group of a modelled class. vLLM looks up together only the
+    groups of equal spec; a group whose spec equals an earlier one's in every field
+    ``KVGroup`` holds but not in all of vLLM's (a head size, say) gets the next
+    ``spec_variant``, so the reference looks it up apart as well."""
+    out: list[KVGroup] = []
     variants: dict[KVGroup, list[Any]] = {}
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
         name = type(spec).__name__
         if name not in KV_SPEC_KINDS:
-            out.append(None)
             continue
         modelled = _kv_group_of(vllm_config, group, name)
         specs = variants.setdefault(modelled.kv_cache_spec, [])
         if spec not in specs:
             specs.append(spec)
         out.append(dataclasses.replace(modelled, spec_variant=specs.index(spec)))
-    return out
+    return tuple(out)
 
 
 def kv_cache_group_names(kv_cache_config: Any) -> list[str]:

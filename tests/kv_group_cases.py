@@ -22,6 +22,9 @@ from dualbudget.reference.events import (
     ModelOutput,
     ScheduleStep,
 )
+from dualbudget.reference.kv_hybrid_caching import group_key
+from dualbudget.reference.prefix_cache import BlockPool
+from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 
@@ -340,6 +343,16 @@ def two_lookups_cached() -> list[tuple[int, int, int]]:
     prompt's first 3 places cached, group 1 (the drafter's) its first 5, in blocks 1 on."""
     places = [(group, place) for group, cached in ((0, 3), (1, 5)) for place in range(cached)]
     return [(group, place, block) for block, (group, place) in enumerate(places, start=1)]
+
+
+def cache_two_lookups(pool: BlockPool, block_size: int) -> RequestState:
+    """The hand-worked lookups' request, its prompt's blocks cached in the reference's
+    ``pool`` as ``two_lookups_cached`` places them (hash ``h<place>`` of each place)."""
+    request = RequestState("r", TWO_LOOKUPS_PLACES * block_size + 1, 4)
+    request.block_hashes = [f"h{place}" for place in range(TWO_LOOKUPS_PLACES)]
+    for group, place, block in two_lookups_cached():
+        pool.cache(block, group_key(request.block_hashes[place], group))
+    return request
 
 
 CASES: tuple[Case, ...] = (

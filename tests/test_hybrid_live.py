@@ -473,20 +473,16 @@ def test_groups_of_one_spec_or_two_find_the_hit_vllm_finds(family: str, profile:
 
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.reference.async_scheduler import make_scheduler
-    from dualbudget.reference.kv_hybrid_caching import group_key
 
     config = family_config(family, caching=True)
     coordinator = LiveScheduler(config).scheduler.kv_cache_manager.coordinator
     scheduler = make_scheduler(config, profile_named(profile))
     manager = scheduler.kv
     assert isinstance(manager, HybridPrefixCachingKVCacheManager)
-    reference_pool = manager.pool(scheduler.state)
+    request = kv_group_cases.cache_two_lookups(manager.pool(scheduler.state), config.block_size)
     places = kv_group_cases.TWO_LOOKUPS_PLACES
-    request = RequestState("r", places * config.block_size + 1, 4)
-    request.block_hashes = [f"h{place}" for place in range(places)]
     hashes = [place.to_bytes(8, "little") for place in range(places)]
     for group, place, block in kv_group_cases.two_lookups_cached():
-        reference_pool.cache(block, group_key(request.block_hashes[place], group))
         coordinator.block_pool.cached_block_hash_to_block.insert(
             make_block_hash_with_group_id(hashes[place], group),
             coordinator.block_pool.blocks[block],

@@ -15,12 +15,10 @@ from dualbudget.reference.kv_coordinator import lookup_types, manager_for
 from dualbudget.reference.kv_hybrid import HybridKVCacheManager
 from dualbudget.reference.kv_hybrid_caching import (
     HybridPrefixCachingKVCacheManager,
-    group_key,
     is_tail_key,
 )
 from dualbudget.reference.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
-from dualbudget.reference.state import RequestState
 from dualbudget.reference.violations import UnmirroredVllmCrash
 from dualbudget.spec.config import (
     REFUSED_KV_GROUP_KINDS,
@@ -42,10 +40,9 @@ from tests.kv_group_cases import (
     PROMPT_TAIL_KEYED,
     SLIDING_WINDOW,
     STEP,
-    TWO_LOOKUPS_PLACES,
     Case,
+    cache_two_lookups,
     config,
-    two_lookups_cached,
 )
 
 
@@ -268,11 +265,7 @@ def _hit_beside(
     scheduler = Scheduler(hybrid, profile_named("vllm-0.32"))
     manager = scheduler.kv
     assert isinstance(manager, HybridPrefixCachingKVCacheManager)
-    pool = manager.pool(scheduler.state)
-    request = RequestState("r", TWO_LOOKUPS_PLACES * BLOCK_SIZE + 1, 4)
-    request.block_hashes = [f"h{place}" for place in range(TWO_LOOKUPS_PLACES)]
-    for group, place, block in two_lookups_cached():
-        pool.cache(block, group_key(request.block_hashes[place], group))
+    request = cache_two_lookups(manager.pool(scheduler.state), BLOCK_SIZE)
     hit, length = manager.get_computed_blocks(scheduler.state, request)
     return manager, hit, length
 
