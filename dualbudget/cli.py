@@ -26,6 +26,7 @@ from dualbudget.check import CheckOptions
 from dualbudget.diff_cli import DEFAULT_SEARCH_LAYOUT, DiffOptions
 from dualbudget.integration.commands import BenchOptions, FuzzOptions
 from dualbudget.integration.mutate import MutateOptions
+from dualbudget.matrix_cli import MatrixOptions
 from dualbudget.proofs.commands import ProveOptions
 from dualbudget.reference.commands import ScheduleOptions
 from dualbudget.reference.replay import ReplayOptions
@@ -440,6 +441,21 @@ def build_parser() -> argparse.ArgumentParser:
         "the vLLM settings that change decisions: defaults, modelled or refused",
     )  # fmt: skip
     settings.flag("--json", action="store_true", help="the table as JSON")
+
+    matrix = _Command(
+        sub, "matrix", MatrixOptions, "dualbudget.matrix_cli:matrix_command",
+        "every vLLM release in its own environment: detected, fuzzed, one table",
+    )  # fmt: skip
+    matrix.flag("--releases", metavar="V1,V2", help="default: requirements/matrix.txt")
+    matrix.flag("--examples", type=_positive_int, help="fuzz examples (default %(default)s)")
+    matrix.flag("--seed", type=int)
+    _executor_flags(matrix, "releases at once (default %(default)s)")
+    _campaign_flags(matrix)
+    matrix.flag("--keep-envs", action="store_true", help="keep each release's environment")
+    matrix.flag("--cache-dir", metavar="DIR", help="the environments (default %(default)s)")
+    matrix.flag("--json-dir", metavar="DIR", help="one JSON per release (default %(default)s)")
+    matrix.flag("--doc", metavar="FILE", help="the table's document (default %(default)s)")
+    matrix.flag("--render", metavar="DIR", help="only re-render --doc from the JSONs of DIR")
     return parser
 
 

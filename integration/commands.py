@@ -25,9 +25,10 @@ from dualbudget.reference.events import Event
 from dualbudget.reference.scenario import Scenario
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES
+from dualbudget.spec.profiles import profile_named
 
 from .live import quiet_vllm
-from .vllm_source import use_vllm_source
+from .vllm_source import provenance, use_vllm_source
 
 if TYPE_CHECKING:
     from .monitor import MonitorViolation
@@ -97,19 +98,36 @@ MONITOR_ALONE = "no profile matches: the contract monitor alone"
 """How a fuzz's profile was chosen when none matches (``fuzz_profile``)."""
 
 
+class NoProfileMatches(Exception):
+    """Detection found the scheduler deciding as no profile: its report and the verdict
+    that names the nearest profile and where it first differs."""
+
+    def __init__(self, report: str, verdict: str) -> None:
+        super().__init__(verdict)
+        self.report = report
+        self.verdict = verdict
+
+
 def fuzz_profile(options: FuzzOptions, version: str) -> tuple[str, str, frozenset[FindingKey]]:
     """The fuzz's profile, how it was chosen and its known findings. Where no profile
-    matches, the contract monitor runs alone (``--monitor-only``, said in a banner) on the
-    configs of the installed release's profile (the newest release's for a version this
-    project does not know), with no finding known: none of the manifest's is this
-    scheduler's."""
+    matches, the scheduler differs from every profile detection ran: ``NoProfileMatches``
+    names the nearest and its first difference, unless the user asked ``--monitor-only``,
+    where the contract monitor runs alone on the configs of the installed release's profile
+    (the newest release's for a version this project does not know), with no finding
+    known: none of the manifest's is this scheduler's."""
     from dualbudget.spec.releases import RELEASE_VERSIONS, RELEASES, release_of
 
-    profile, how = detected_profile(options.profile)
-    if profile is not None:
-        return profile, how, options.known_findings
+    from .detect import detect
+
+    if options.profile:
+        return options.profile, "--profile", options.known_findings
+    found = detect()
+    if found.profile is not None:
+        return found.profile, found.how_chosen(), options.known_findings
+    if not options.monitor_only:
+        raise NoProfileMatches(found.report(), found.nearest_verdict())
     release = release_of(version) or RELEASES[RELEASE_VERSIONS[-1]]
-    print(how, flush=True)
+    print(found.report(), flush=True)
     print(
         "dualbudget fuzz: no profile matches this scheduler's decisions: the contract"
         " monitor checks it alone (--monitor-only), on configs drawn as for"
@@ -139,7 +157,9 @@ class FuzzOptions:
     """Where divergence and finding scenarios go."""
     replay: str | None = None
     """A scenario file: lockstep it alone (``replay_scenario``) instead of fuzzing."""
-    layouts: tuple[str, ...] = LAYOUT_NAMES
+    layouts: tuple[str, ...] | None = None
+    """The methods (method-table rows) to fuzz; None: every row the profile's release
+    builds (``Release.layouts``)."""
     coverage_gate: bool = True
     """Fail on a required coverage counter left at zero."""
     scheduler_cls: str | None = None
@@ -178,16 +198,36 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
     version = vllm_or_exit("fuzz")
     if version is None:
         return 2
-    profile, how, known_findings = fuzz_profile(options, version)
+    from .live import probe_adapter
+
+    probe_adapter()  # a vLLM the adapter cannot drive is named before any check starts
+    try:
+        profile, how, known_findings = fuzz_profile(options, version)
+    except NoProfileMatches as differs:
+        print(differs.report, flush=True)
+        print(f"verdict: {differs.verdict}", flush=True)
+        write_json(
+            options.json_path,
+            {
+                "vllm_version": version,
+                "profile": None,
+                "steps": 0,
+                "verdict": differs.verdict,
+                "exit_code": 1,
+            },
+        )
+        return 1
     monitor_only = options.monitor_only or how == MONITOR_ALONE
-    gate = options.coverage_gate and not monitor_only
+    gate = options.coverage_gate
     if options.scheduler_cls:
         from .live import scheduler_class
 
         scheduler_class(options.scheduler_cls)  # refused here, before any process starts
     from .fuzz import run_fuzz
 
-    layouts = list(options.layouts)
+    built = profile_named(profile).release.layouts
+    layouts = list(options.layouts or built)
+    unbuilt = [name for name in LAYOUT_NAMES if name not in built]
     jobs = jobs_or_cores(options.jobs)
     checked = f", scheduler {options.scheduler_cls}" if options.scheduler_cls else ""
     alone = ", contract monitor alone" if monitor_only else f", reference {reference_build()}"
@@ -197,6 +237,8 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         f" {jobs} job{'s' if jobs > 1 else ''}",
         flush=True,
     )
+    if unbuilt and not options.layouts:
+        print(f"  not fuzzed: {', '.join(unbuilt)} (the release builds no such drafter)")
     result = run_fuzz(
         profile=profile,
         vllm_version=version,
@@ -218,8 +260,12 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         monitor_only=monitor_only,
     )
     code, table = fuzz_verdict(result, layouts, gate=gate)
+    origin = provenance()  # under --vllm-src: which vllm.v1.core files the run took
+    if origin is not None:
+        print(origin.report())
     print(table)
-    write_json(options.json_path, fuzz_json(result))
+    verdict = table.rsplit("verdict: ", 1)[-1]
+    write_json(options.json_path, {**fuzz_json(result), "verdict": verdict, "exit_code": code})
     return code
 
 
@@ -229,6 +275,12 @@ def fuzz_json(result: FuzzResult) -> dict[str, Any]:
         "profile": result.profile,
         "examples": result.examples,
         "steps": result.steps,
+        "steps_by_method": result.steps_by_layout,
+        "refusals_by_method": {
+            layout: {"configs": count, "first": reason}
+            for layout, (count, reason) in result.refusals_by_layout.items()
+        },
+        "monitor_only": result.monitor_only,
         "divergences": [d.to_json() for d in result.divergences],
         "coverage": result.totals(),
         "coverage_by_method": result.coverage,
@@ -243,6 +295,7 @@ def fuzz_json(result: FuzzResult) -> dict[str, Any]:
         "crash_scenarios": result.crash_scenarios,
         "seconds": round(result.seconds, 2),
         "warm_up_seconds": round(result.warm_up_seconds, 2),
+        **({} if (origin := provenance()) is None else {"vllm_source": origin.to_json()}),
     }
 
 
@@ -253,7 +306,7 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
     from .outcome import LIVE_ALONE_CRASH
     from .upstream import load_crashes
 
-    head = f"{'method':<16}{'ex':>4}" + "".join(f"{e.short:>14}" for e in COVERAGE)
+    head = f"{'method':<16}{'ex':>4}{'steps':>7}" + "".join(f"{e.short:>14}" for e in COVERAGE)
     lines = ["", "coverage (events per method):", head + "  built as"]
     for layout in layouts:
         per = result.coverage.get(layout, {})
@@ -263,6 +316,7 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
         cells = [f"{per.get(e, 0)}" if e in required else f"({per.get(e, 0)})" for e in EVENT_NAMES]
         lines.append(
             f"{layout:<16}{result.examples_by_layout.get(layout, 0):>4}"
+            + f"{result.steps_by_layout.get(layout, 0):>7}"
             + "".join(f"{cell:>14}" for cell in cells)
             + f"  {built}"
         )
@@ -274,8 +328,10 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
     lines.append(
         f"{result.examples} examples, {result.steps} steps in {result.seconds:.1f}s"
         f" (+{result.warm_up_seconds:.1f}s vLLM warm-up);"
-        f" {result.refused_configs} configs refused by both sides,"
-        f" {sum(result.mirrored_crashes.values())} mirrored crashes"
+        f" {result.refused_configs} configs refused by"
+        + (" vLLM," if result.monitor_only else " both sides,")
+        + f" {sum(result.mirrored_crashes.values())}"
+        + (" crashes of vLLM alone" if result.monitor_only else " mirrored crashes")
         + (
             " (stopped by the time limit: not reproducible by the seed alone)"
             if result.stopped_by_time
@@ -302,34 +358,77 @@ def fuzz_verdict(result: FuzzResult, layouts: list[str], *, gate: bool) -> tuple
     lines.append(result.monitor_summary())
     for divergence in result.divergences:
         lines.append(divergence.report())
-    zeros = result.zero_coverage(layouts)
-    code = 0
-    if result.divergences:
-        seeds = ", ".join(str(s) for s in sorted({d.seed for d in result.divergences}, key=str))
-        verdict = f"FAIL: {len(result.divergences)} divergence(s) (seed {seeds})"
-        code = 1
-    elif result.unknown_findings:
-        verdict = "FAIL: the reference flagged a contract break not known as a finding"
-        code = 1
-    elif new_crashes:
-        # vLLM fails an assertion on a config it accepts: a finding of its own, until the
-        # manifest records how the engine reaches it.
-        verdict = f"FAIL: vLLM fails an assertion no crash record names: {', '.join(new_crashes)}"
-        code = 1
-    elif result.unknown_monitor_findings:
-        verdict = "FAIL: the contract monitor flagged a violation not known as a finding"
-        code = 1
-    elif gate and zeros:
-        verdict = f"FAIL: coverage at zero for {', '.join(zeros)}"
-        code = 1
-    elif result.monitor_only:
-        verdict = "PASS: the contract monitor found no violation outside the known findings"
-    else:
-        verdict = "PASS: live vLLM and the reference agree on every step"
-        if zeros:
-            verdict += f" (coverage at zero: {', '.join(zeros)})"
+    code, verdict = verdict_of(result, layouts, gate=gate, new_crashes=new_crashes)
     lines.append(f"verdict: {verdict}")
     return code, "\n".join(lines)
+
+
+def first_error(result: FuzzResult) -> str:
+    """The first thing that stopped an example, for a run that checked nothing."""
+    from .outcome import LIVE_ALONE_CRASH
+
+    if result.divergences:
+        divergence = result.divergences[0]
+        return f"{divergence.kind} at step {divergence.step}: live {divergence.live}"
+    for crash, path in result.crash_scenarios.items():
+        who = "vLLM" if crash == LIVE_ALONE_CRASH else f"both sides ({crash})"
+        return f"{who} crashed, the first in {path}"
+    if result.first_refusal:
+        return f"every config refused: {result.first_refusal}"
+    return "no example ran"
+
+
+def verdict_of(
+    result: FuzzResult, layouts: list[str], *, gate: bool, new_crashes: list[str]
+) -> tuple[int, str]:
+    """(exit code, the verdict's words): a pass rests on live steps checked for every
+    method the run covers; a run that checked none exits 2, naming its first error."""
+    from .outcome import LIVE_ALONE_CRASH
+
+    if result.steps == 0:
+        return 2, f"ERROR: nothing checked (0 live steps in {result.examples} examples): " + (
+            first_error(result)
+        )
+    if result.divergences:
+        seeds = ", ".join(str(s) for s in sorted({d.seed for d in result.divergences}, key=str))
+        return 1, f"FAIL: {len(result.divergences)} divergence(s) (seed {seeds})"
+    if result.unknown_findings:
+        return 1, "FAIL: the reference flagged a contract break not known as a finding"
+    if new_crashes:
+        # vLLM fails an assertion on a config it accepts: a finding of its own, until the
+        # manifest records how the engine reaches it.
+        return 1, f"FAIL: vLLM fails an assertion no crash record names: {', '.join(new_crashes)}"
+    alone_crashes = result.mirrored_crashes.get(LIVE_ALONE_CRASH, 0)
+    if alone_crashes:
+        # With no reference beside it nothing names the assertion: never mirrored.
+        return 1, f"FAIL: vLLM failed on {alone_crashes} examples with no reference beside it"
+    if result.unknown_monitor_findings:
+        return 1, "FAIL: the contract monitor flagged a violation not known as a finding"
+    unchecked, not_built = [], []
+    for layout in layouts:
+        if result.steps_by_layout.get(layout, 0):
+            continue
+        refused = result.refusals_by_layout.get(layout)
+        examples = result.examples_by_layout.get(layout, 0)
+        if result.monitor_only and refused and not examples:
+            not_built.append(f"{layout} ({refused[1]})")
+        else:
+            unchecked.append(layout)
+    if unchecked:
+        return 1, f"FAIL: no live step checked for {', '.join(unchecked)}"
+    zeros = result.zero_coverage([name for name in layouts if result.steps_by_layout.get(name)])
+    if gate and zeros:
+        return 1, f"FAIL: coverage at zero for {', '.join(zeros)}"
+    checked = len(layouts) - len(not_built)
+    work = f"{result.steps} live steps of {checked} methods"
+    if not_built:
+        work += f"; not built by this vLLM: {'; '.join(not_built)}"
+    if result.monitor_only:
+        return 0, f"PASS: the contract monitor found no violation outside the known ones ({work})"
+    verdict = f"PASS: live vLLM and the reference agree on all {work}"
+    if zeros:
+        verdict += f" (coverage at zero: {', '.join(zeros)})"
+    return 0, verdict
 
 
 def replay_scenario(

@@ -61,6 +61,9 @@ class CoverageEvent:
     """Why the aim reaches it wherever ``reached`` says it can happen."""
     reached: Reach = everywhere
     """Where the gate requires it: the releases and methods that can reach it."""
+    alone: bool = False
+    """Counted from vLLM's own state too, so that a run of the live scheduler alone
+    (``monitor_run.LiveAlone``, no reference to count it) is gated on it."""
 
 
 COVERAGE: tuple[CoverageEvent, ...] = (
@@ -80,12 +83,14 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         "mixed",
         "A prefill chunk short of the prompt: any prompt longer than what is left of a"
         " budget, with chunked prefill on.",
+        alone=True,
     ),
     CoverageEvent(
         "preemption",
         "preempt",
         "preempt",
         "A preemption: a KV pool of one to 1.5 full requests and decodes growing into it.",
+        alone=True,
     ),
     CoverageEvent(
         "preempt_scheduled",
@@ -102,12 +107,14 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         "padded",
         "A new one-token request joining decodes padded to 1 + K: vLLM pads it"
         " (pad_spec_decode) for every method with K >= 1 (no dynamic_sd_lookup here).",
+        alone=True,
     ),
     CoverageEvent(
         "rejected_drafts",
         "rejected",
         "mixed",
         "A step output rejecting drafts: acceptance is drawn below the drafts proposed.",
+        alone=True,
     ),
     CoverageEvent(
         "max_model_len_cap",
@@ -148,6 +155,7 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         " a release that refuses async ngram, nor ngram with parallel drafting, which model"
         " runner V2 refuses).",
         where_async_runs,
+        alone=True,
     ),
     CoverageEvent(
         "stale_output",
@@ -277,8 +285,13 @@ EVENT_NAMES = tuple(event.name for event in COVERAGE)
 EVENTS = {event.name: event for event in COVERAGE}
 
 
-def required_events(layout: str, release: Release) -> tuple[str, ...]:
+def required_events(layout: str, release: Release, alone: bool = False) -> tuple[str, ...]:
     """The gate's events for ``layout`` under ``release``: every event whose row says the
-    release can reach it with the layout's drafter."""
+    release can reach it with the layout's drafter; ``alone``: of those, the ones vLLM's
+    own state shows (a run of the live scheduler without the reference)."""
     spec = SpeculativeConfig.for_layout(layout_named(layout), 1)
-    return tuple(event.name for event in COVERAGE if event.reached(release, spec))
+    return tuple(
+        event.name
+        for event in COVERAGE
+        if event.reached(release, spec) and (event.alone or not alone)
+    )

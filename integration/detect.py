@@ -37,6 +37,7 @@ from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
 from dualbudget.spec.releases import release_of
 
 from .live import require_vllm
+from .vllm_api import AdapterFailure
 
 DETECTION_K = 4
 """K of every detection scenario: large enough that ``K - 1``, ``K`` and ``K + 1`` slots
@@ -192,8 +193,34 @@ class Detection:
         lines += [f"  {name}: fails {f.scenario}: {f.how}" for name, f in self.failures.items()]
         return "\n".join(lines)
 
+    def nearest(self) -> tuple[str, Failure] | None:
+        """The profile the scheduler follows longest (its first failing scenario the
+        latest of ``DETECTION_SCENARIOS``; the first such profile) and that failure; None
+        when a profile matches."""
+        if self.profile is not None or not self.failures:
+            return None
+        order = {scenario.name: index for index, scenario in enumerate(DETECTION_SCENARIOS)}
+        name = max(self.failures, key=lambda n: order.get(self.failures[n].scenario, -1))
+        return name, self.failures[name]
+
+    def nearest_verdict(self) -> str:
+        """The verdict on a scheduler no profile matches: the nearest profile and how it
+        first differs (``nearest``)."""
+        nearest = self.nearest()
+        if nearest is None:
+            return f"FAIL: vLLM {self.vllm_version} decides as no profile"
+        name, failure = nearest
+        return (
+            f"FAIL: vLLM {self.vllm_version} decides as no profile; nearest {name}, which it"
+            f" first departs from on {failure.scenario}: {failure.how}"
+        )
+
     def to_json(self) -> dict[str, Any]:
+        nearest = self.nearest()
         return {
+            "nearest": None
+            if nearest is None
+            else {"profile": nearest[0], "scenario": nearest[1].scenario, "how": nearest[1].how},
             "profile": self.profile,
             "vllm_version": self.vllm_version,
             "how": self.how,
@@ -303,6 +330,8 @@ def _lockstep_failure(scenario: Scenario) -> str | None:
         _, divergence = run_in_lockstep(scenario)
     except ConfigRefused:
         return None
+    except AdapterFailure:
+        raise  # the adapter cannot drive this vLLM: no profile can be judged
     except Exception as err:  # any vLLM whose scheduler breaks here still gets a verdict
         return f"the live scheduler fails ({type(err).__name__}: {err})"
     if divergence is None:

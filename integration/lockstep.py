@@ -42,7 +42,7 @@ from dualbudget.reference.scenario import (
 )
 from dualbudget.reference.scheduler import GrantCounts, UnmirroredVllmCrash
 from dualbudget.reference.state import SchedulerState
-from dualbudget.reference.violations import StepViolation
+from dualbudget.reference.violations import VLLM_CRASHES, StepViolation, raised_as
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import profile_named
@@ -50,6 +50,7 @@ from dualbudget.spec.profiles import profile_named
 from .coverage import EVENT_NAMES
 from .live import LiveScheduler, Unsupported
 from .monitor import Monitor, MonitorViolation, Wanted, readable, step_seen, wanted_before
+from .vllm_api import AdapterFailure
 
 
 @dataclass
@@ -342,12 +343,29 @@ class Lockstep(LiveRun):
             self.reference.handle(event)
         except UnmirroredVllmCrash as err:
             ref_error, crash = f"{type(err).__name__}: {err}", err.crash
+        live_raised: Exception | None = None
         try:
             self.live.handle(event)
+        except AdapterFailure:
+            raise  # the adapter cannot drive this vLLM: nothing to compare
         except Exception as err:  # vLLM's own assertion: reported, never swallowed
-            live_error = _failure(err)
+            live_error, live_raised = _failure(err), err
+        self._both_or_diverge(ref_error, crash, live_error, live_raised)
+
+    def _both_or_diverge(
+        self,
+        ref_error: str | None,
+        crash: str | None,
+        live_error: str | None,
+        live_raised: Exception | None,
+    ) -> None:
+        """Both sides failed on the same event: a mirrored crash when vLLM's exception is
+        the one the reference names (``reference.violations.VLLM_CRASHES``), else a
+        divergence; one side failing alone is a divergence."""
         if ref_error and live_error:
-            raise MirroredCrash(f"reference: {ref_error}; live: {live_error}", crash, self.step)
+            if crash is not None and live_raised is not None and raised_as(live_raised, crash):
+                raise MirroredCrash(f"reference: {ref_error}; live: {live_error}", crash, self.step)
+            ref_error += f" (vLLM raises {VLLM_CRASHES[crash]})" if crash else ""
         if ref_error or live_error:
             self._diverge("crash", ref_error or "ok", live_error or "ok")
 
@@ -370,16 +388,16 @@ class Lockstep(LiveRun):
         except UnmirroredVllmCrash as err:
             ref_error, crash = f"{type(err).__name__}: {err}", err.crash
         wanted = wanted_before(self.live.scheduler) if self.monitored else None
+        live_raised: Exception | None = None
         try:
             live = self.live.handle(ScheduleStep())
+        except AdapterFailure:
+            raise
         except Exception as err:
-            live_error = _failure(err)
+            live_error, live_raised = _failure(err), err
         if live is not None and wanted is not None:
             self._monitor(live, wanted)
-        if ref_error and live_error:
-            raise MirroredCrash(f"reference: {ref_error}; live: {live_error}", crash, self.step)
-        if ref_error or live_error:
-            self._diverge("crash", ref_error or "ok", live_error or "ok")
+        self._both_or_diverge(ref_error, crash, live_error, live_raised)
         assert record is not None and live is not None
         self.compared += 1
         self.last_live = live

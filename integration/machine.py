@@ -112,8 +112,8 @@ class LockstepMachine(RuleBasedStateMachine):
                 out_dir=run.out_dir,
                 label=f"{run.profile}-{run.layout}-{run.aim}{run.round_tag}-ex{run.started}",
             )
-        except ConfigRefused:
-            run.refused_configs += 1
+        except ConfigRefused as refused:
+            run.refuse(str(refused))
             assume(False)
         except DivergenceFound as found:
             run.divergences.append(found.divergence)

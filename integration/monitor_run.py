@@ -30,6 +30,7 @@ from dualbudget.spec.config import EngineConfig
 from .live import LiveScheduler, Unsupported
 from .lockstep import ConfigRefused, LiveRun, Lockstep, MirroredCrash, _failure, _no_stop
 from .monitor import MonitorViolation, wanted_before
+from .vllm_api import AdapterFailure
 
 
 class LiveCrash(MirroredCrash):
@@ -135,14 +136,20 @@ class LiveAlone(Lockstep):
             return self._schedule_alone()
         try:
             self.live.handle(event)
+        except AdapterFailure:
+            raise  # the adapter cannot drive this vLLM: not vLLM failing
         except Exception as err:  # vLLM's own assertion: the example ends here
             raise self._crash(err) from None
         return None
 
     def _schedule_alone(self) -> StepRecord:
-        wanted = wanted_before(self.live.scheduler)
+        scheduler = self.live.scheduler
+        wanted = wanted_before(scheduler)
+        in_flight = bool(self.live.pending_steps)
         try:
             live = self.live.handle(ScheduleStep())
+        except AdapterFailure:
+            raise
         except Exception as err:
             raise self._crash(err) from None
         assert live is not None
@@ -151,8 +158,21 @@ class LiveAlone(Lockstep):
         self._padded = [
             rid for rid in live.scheduled_spec_tokens if rid in wanted and not wanted[rid].running
         ]
+        self._count_alone(live, in_flight)
         self._monitor(live, wanted)
         return live
+
+    def _count_alone(self, live: StepRecord, in_flight: bool) -> None:
+        """The coverage events vLLM's own state shows (``coverage.CoverageEvent.alone``),
+        counted as ``Lockstep`` counts them from the reference's."""
+        cov, requests = self.coverage, self.live.scheduler.requests
+        cov["preemption"] += len(live.preempted)
+        cov["padded_decode"] += len(self._padded)
+        cov["async_in_flight"] += in_flight
+        for rid in live.num_scheduled_tokens:
+            request = requests.get(rid)
+            if request is not None and request.num_computed_tokens < request.num_prompt_tokens:
+                cov["chunked_prefill"] += 1
 
 
 def run_alone(

@@ -32,9 +32,10 @@ if TYPE_CHECKING:
 LIVE_ALONE_CRASH = "vllm-alone"
 """The kind of a crash of vLLM with no reference beside it (``--monitor-only``): nothing
 names the assertion the reference would have mirrored."""
-UNIT_RESULTS_FORMAT = 2
+UNIT_RESULTS_FORMAT = 3
 """The form of a unit's pickled result, part of a campaign's key: a campaign kept in
-another form is refused rather than merged (2: mirrored crashes counted by kind)."""
+another form is refused rather than merged (2: mirrored crashes counted by kind; 3: the
+first refused config's reason, which a method's verdict names)."""
 
 FindingKey = tuple[str, str, str]
 """(profile, layout, contract id) of a contract break."""
@@ -129,6 +130,8 @@ class Outcome:
     examples: int = 0
     steps: int = 0
     refused_configs: int = 0
+    first_refusal: str | None = None
+    """Why the first refused config was refused (both sides' reasons, or vLLM's alone)."""
     mirrored_crashes: dict[str, int] = field(default_factory=dict)
     """Examples ended by a crash, per vLLM assertion the reference mirrors
     (``reference.violations.VLLM_CRASHES``; ``LIVE_ALONE_CRASH`` with no reference)."""
@@ -198,6 +201,12 @@ class UnitRun(Outcome):
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
+
+    def refuse(self, reason: str) -> None:
+        """A config refused (void example): counted, the first reason kept."""
+        self.refused_configs += 1
+        if self.first_refusal is None:
+            self.first_refusal = reason
 
     def count_step(self, before: dict[str, int], after: dict[str, int]) -> None:
         self.steps += 1
@@ -277,6 +286,10 @@ class FuzzResult(Outcome):
     coverage: dict[str, dict[str, int]] = field(default_factory=dict)
     constructions: dict[str, set[str]] = field(default_factory=dict)
     examples_by_layout: dict[str, int] = field(default_factory=dict)
+    steps_by_layout: dict[str, int] = field(default_factory=dict)
+    """Live steps checked per method: what a verdict rests on."""
+    refusals_by_layout: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Per method, the configs refused and the first reason."""
     examples_by_unit: dict[str, int] = field(default_factory=dict)
     warm_up_seconds: float = 0.0
     """vLLM's one-off costs, before ``seconds`` starts."""
@@ -311,8 +324,9 @@ class FuzzResult(Outcome):
         }
 
     def required(self, layout: str) -> tuple[str, ...]:
-        """The gate's events for ``layout`` under this run's profile."""
-        return required_events(layout, profile_named(self.profile).release)
+        """The gate's events for ``layout`` under this run's profile (those vLLM's own
+        state shows, when the live scheduler ran alone)."""
+        return required_events(layout, profile_named(self.profile).release, self.monitor_only)
 
     def zero_events(self, layouts: Sequence[str] | None = None) -> list[tuple[str, str]]:
         """The (layout, event) pairs the gate requires that are still at zero."""
@@ -332,6 +346,13 @@ class FuzzResult(Outcome):
         self.examples += run.examples
         self.steps += run.steps
         self.refused_configs += run.refused_configs
+        if self.first_refusal is None:
+            self.first_refusal = run.first_refusal
+        layout = run.layout
+        self.steps_by_layout[layout] = self.steps_by_layout.get(layout, 0) + run.steps
+        if run.refused_configs:
+            count, reason = self.refusals_by_layout.get(layout, (0, run.first_refusal or ""))
+            self.refusals_by_layout[layout] = (count + run.refused_configs, reason)
         for crash, count in run.mirrored_crashes.items():
             self.mirrored_crashes[crash] = self.mirrored_crashes.get(crash, 0) + count
             self.crash_scenarios.setdefault(crash, run.crash_scenarios[crash])

@@ -170,7 +170,13 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
     spec = vllm_config.speculative_config
     nextn = None
     if spec is not None and spec.method == "mtp" and spec.draft_model_config is not None:
-        nextn = int(getattr(spec.draft_model_config.hf_config, "num_nextn_predict_layers", 1))
+        hf_config = spec.draft_model_config.hf_config
+        # Later vLLMs count the modules by n_predict, which a checkpoint maps its
+        # num_nextn_predict_layers to.
+        modules: Any = getattr(hf_config, "n_predict", None) or getattr(
+            hf_config, "num_nextn_predict_layers", 1
+        )
+        nextn = int(modules)
     per_batch = None if spec is None else spec.num_speculative_tokens_per_batch_size
     transfer = vllm_config.kv_transfer_config
     parallel = vllm_config.parallel_config
@@ -178,6 +184,8 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
         "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
         "max_num_active_seqs": sched.max_num_active_seqs,
         "watermark": float(sched.watermark),
+        # Only releases that have it (Release.has_cache_aware_admission); 0 is off.
+        "cache_aware_admission_window": int(getattr(sched, "cache_aware_admission_window", 0)),
         "scheduler_reserve_full_isl": bool(sched.scheduler_reserve_full_isl),
         "long_prefill_token_threshold_adaptive": bool(sched.long_prefill_token_threshold_adaptive),
         "prefill_schedule_interval": int(sched.prefill_schedule_interval),
@@ -219,13 +227,22 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
     return values
 
 
+def _skips_reading_prefix_cache(request: Any) -> bool:
+    """vLLM's flag; where a vLLM bounds a request's hit instead
+    (``prefix_cache_hit_limit``: 0 to skip reading, a prompt-scoring request's first
+    scored row), any bound is a hit cap the reference does not model, recorded as set."""
+    if hasattr(request, "skip_reading_prefix_cache"):
+        return bool(request.skip_reading_prefix_cache)
+    return request.prefix_cache_hit_limit is not None
+
+
 def request_settings_of(request: Any) -> dict[str, Json]:
     """The request-scope settings of ``reference/settings.py``, read from vLLM's
     ``Request``."""
     sampling = request.sampling_params
     values: dict[str, Json] = {
         "structured_outputs": request.structured_output_request is not None,
-        "skip_reading_prefix_cache": bool(request.skip_reading_prefix_cache),
+        "skip_reading_prefix_cache": _skips_reading_prefix_cache(request),
         "mm_encoder_inputs": bool(request.mm_features),
         "repetition_detection": sampling is not None and sampling.repetition_detection is not None,
     }
@@ -328,7 +345,10 @@ class _Recording:
         """Tokens sampled per scheduled request; read before vLLM's update_from_output,
         which trims a stopped request's sampled list in place."""
         sampled = runner_output.sampled_token_ids or []
-        index = runner_output.req_id_to_index
+        # Later vLLMs dropped the map and index the outputs by req_ids' order.
+        index = getattr(runner_output, "req_id_to_index", None) or {
+            rid: i for i, rid in enumerate(runner_output.req_ids)
+        }
         return {
             str(rid): len(sampled[index[rid]]) if sampled and rid in index else 0
             for rid in scheduler_output.num_scheduled_tokens

@@ -168,7 +168,7 @@ def exhibits() -> tuple[Exhibit, ...]:
             finding="dspark-fill-in/C3",
             marker="C3 buffer peak:",
             method="dspark",
-            draft="dspark-fill-in",
+            draft="dflash-fill-in",
             runner_v2=True,
             num_speculative_tokens=fill_in_k,
             max_num_batched_tokens=fill_in_b,

@@ -21,6 +21,7 @@ from dualbudget.spec.config import (
     SpeculativeConfig,
     check_async_scheduling,
     check_engine_config,
+    check_parallel_drafting,
     runs_async,
 )
 from dualbudget.spec.errors import BadInput
@@ -93,6 +94,7 @@ class Deployment:
         profile = release_profile(release)
         try:
             check_engine_config(config)
+            check_parallel_drafting(config, release)
             check_async_scheduling(config, release)
         except BadInput as err:
             return f"refused: {err}"

@@ -193,10 +193,21 @@ class Scheduler:
         self.kv = manager_for(config, self.release, self.num_lookahead_tokens, self.observed)
         # The release caches a running request's verified blocks as its output comes, when
         # the step had spec tokens or output placeholders to verify.
+        # 0.34 on publishes a Mamba group's finalised states as the output comes, spec
+        # tokens or not (a synchronous step holds no placeholders).
+        beside_mamba = self.release.caches_output_beside_mamba and any(
+            group.kind == "mamba" for group in config.groups
+        )
         self._caches_verified_output = (
             self.kv.enable_caching
             and self._release_caches_verified_output
-            and (self.num_spec_tokens > 0 or self.schedules_ahead)
+            and (self.num_spec_tokens > 0 or self.schedules_ahead or beside_mamba)
+        )
+        # Scheduler.schedule: a release may apply the threshold only to chunked prefill.
+        self._threshold = (
+            0
+            if self.release.threshold_needs_chunked_prefill and not config.enable_chunked_prefill
+            else config.long_prefill_token_threshold
         )
         self.violations: list[StepViolation] = []
         self._handlers: dict[type, Callable[[Any], StepRecord | None]] = {
@@ -263,7 +274,7 @@ class Scheduler:
         step = OpenStep(step_index, *self.kernel.opened, {}, {}, [], [])
 
         # Scheduler.schedule: the threshold only bites when someone could be starved.
-        threshold = self.config.long_prefill_token_threshold
+        threshold = self._threshold
         if len(state.running) + len(state.waiting) <= 1:
             threshold = 0
 

@@ -105,6 +105,10 @@ def _hashes_ahead(release: Release) -> bool:
     return bool(release.hash_lookahead_methods)
 
 
+def _has_cache_aware_admission(release: Release) -> bool:
+    return release.has_cache_aware_admission
+
+
 KV_SPEC_KINDS = {
     "FullAttentionSpec": "full_attention",
     "MLAAttentionSpec": "mla_attention",
@@ -145,6 +149,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "watermark", "scheduler_config.watermark", 0.0, False, 0.0,
         "KV blocks kept free at admission",
+    ),
+    Setting(
+        "cache_aware_admission_window",
+        "scheduler_config.cache_aware_admission_window", 0, False, 0,
+        "under FCFS with prefix caching and a busy KV pool, the first waiting requests of"
+        " the window are admitted deepest cached prefix first, not in arrival order",
+        recorded_since=3, optional=True, exists_in=_has_cache_aware_admission,
     ),
     Setting(
         "scheduler_reserve_full_isl", "scheduler_config.scheduler_reserve_full_isl", True,

@@ -10,27 +10,74 @@ itself is ``spec/contract.py``.
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 CheckMode = Literal["raise", "collect"]
 CHECK_MODES: tuple[str, ...] = get_args(CheckMode)
 
 
-VLLM_CRASHES = (
-    "padded-decode-cut-by-long-prefill-threshold",
-    "mamba-checkpoint-past-block-hashes",
-    "pool-short-of-counted-blocks",
-    "mamba-moves-a-shared-block",
-    "mamba-takes-several-state-blocks",
-    "negative-output-placeholders",
-    "lookup-past-lookahead-hashes",
+@dataclass(frozen=True)
+class VllmRaises:
+    """What vLLM raises where it fails one of its assertions: the exception's class and
+    the module (a path under the ``vllm`` package, or a folder of it) of the innermost
+    frame of vLLM's own code."""
+
+    exception: str
+    module: str
+
+    def __str__(self) -> str:
+        return f"{self.exception} in {self.module}"
+
+
+VLLM_CRASHES: Mapping[str, VllmRaises] = MappingProxyType(
+    {
+        "padded-decode-cut-by-long-prefill-threshold": VllmRaises(
+            "AssertionError", "vllm/v1/core/sched/scheduler.py"
+        ),
+        "mamba-checkpoint-past-block-hashes": VllmRaises(
+            "AssertionError", "vllm/v1/core/block_pool.py"
+        ),
+        "pool-short-of-counted-blocks": VllmRaises("ValueError", "vllm/v1/core/block_pool.py"),
+        "mamba-moves-a-shared-block": VllmRaises(
+            "AssertionError", "vllm/v1/core/single_type_kv_cache_manager.py"
+        ),
+        "mamba-takes-several-state-blocks": VllmRaises(
+            "AssertionError", "vllm/v1/core/single_type_kv_cache_manager.py"
+        ),
+        # The assertion sits in the scheduler or its async subclass, by release.
+        "negative-output-placeholders": VllmRaises("AssertionError", "vllm/v1/core/sched/"),
+        "lookup-past-lookahead-hashes": VllmRaises(
+            "IndexError", "vllm/v1/core/single_type_kv_cache_manager.py"
+        ),
+    }
 )
-"""The vLLM assertions the reference mirrors, by name: where vLLM fails one, the reference
-raises ``UnmirroredVllmCrash`` naming it. ``proofs/manifest.toml`` ``[crashes.NAME]``
-records, under the same name, how the engine reaches one; a fuzz that mirrors a crash the
-manifest does not record reports it as new."""
+"""The vLLM assertions the reference mirrors, by name, with what vLLM raises there: where
+vLLM fails one, the reference raises ``UnmirroredVllmCrash`` naming it, and a lockstep
+counts the two as one mirrored crash only when vLLM's exception is the one named here
+(``raised_as``). ``proofs/manifest.toml`` ``[crashes.NAME]`` records, under the same name,
+how the engine reaches one; a fuzz that mirrors a crash the manifest does not record
+reports it as new."""
+
+
+def raised_as(err: BaseException, crash: str) -> bool:
+    """Whether ``err`` is what vLLM raises where it fails the assertion ``crash``."""
+    expected = VLLM_CRASHES[crash]
+    if type(err).__name__ != expected.exception:
+        return False
+    frames = traceback.extract_tb(err.__traceback__)
+    in_vllm = [
+        f.filename.replace("\\", "/").rpartition("/vllm/")
+        for f in frames
+        if "/vllm/" in f.filename.replace("\\", "/")
+    ]
+    if not in_vllm:
+        return False
+    _, _, rest = in_vllm[-1]
+    return f"vllm/{rest}".startswith(expected.module)
 
 
 class UnmirroredVllmCrash(RuntimeError):

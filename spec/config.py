@@ -408,6 +408,20 @@ def runs_async(spec: SpeculativeConfig, release: Release) -> bool:
     return release.runs_async(spec.method, spec.parallel_drafting)
 
 
+def check_parallel_drafting(config: EngineConfig, release: Release) -> None:
+    """Raise ConfigError where ``release``'s ``SpeculativeConfig`` refuses the drafter's
+    ``parallel_drafting`` (the one home of that rule)."""
+    spec = config.speculative_config
+    if spec is None or not spec.parallel_drafting:
+        return
+    if not release.builds_parallel_drafting(spec.method):
+        raise ConfigError(
+            "speculative_config.parallel_drafting",
+            f"vLLM {release.version} supports parallel_drafting only for"
+            f" {', '.join(release.parallel_drafting_methods)}, not {spec.method!r}",
+        )
+
+
 def check_async_scheduling(config: EngineConfig, release: Release) -> None:
     """Raise ConfigError where ``release``'s ``VllmConfig`` fails explicit async
     scheduling with the config's drafter (the one home of that rule)."""

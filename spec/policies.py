@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .arith import Cond, Num, all_of, any_of, floordiv, imax, imin, ite
-from .config import ConfigError, EngineConfig, check_async_scheduling
+from .config import ConfigError, EngineConfig, check_async_scheduling, check_parallel_drafting
 from .methods import NO_SPECULATION, MethodLayout
 from .releases import Release
 
@@ -149,7 +149,8 @@ class Policy:
 
     def validate(self, config: EngineConfig) -> None:
         """Raise ConfigError with vLLM's reason when this policy refuses ``config``: the
-        async check of its release, then its admission rules."""
+        release's drafter and async checks, then its admission rules."""
+        check_parallel_drafting(config, self.release)
         check_async_scheduling(config, self.release)
         for rule in self.admission_rules(StepParams.of(config)):
             if not rule.holds:

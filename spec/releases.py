@@ -23,6 +23,7 @@ tests/test_packaging.py checks that those lock files name exactly these records.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,7 +31,17 @@ from types import MappingProxyType
 
 from .arith import Num
 from .errors import BadInput
-from .methods import K_MINUS_1, K_PLUS_1, LAYOUT_NAMES, ONE, ZERO, K, MethodLayout, PerK
+from .methods import (
+    K_MINUS_1,
+    K_PLUS_1,
+    LAYOUT_NAMES,
+    LAYOUTS,
+    ONE,
+    ZERO,
+    K,
+    MethodLayout,
+    PerK,
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,22 @@ class Release:
     there already, so a sibling's hit on it waits (True); or only in the step that keys it
     (False)."""
 
+    parallel_drafting_methods: tuple[str, ...]
+    """The drafters whose ``parallel_drafting`` vLLM's ``SpeculativeConfig`` accepts (for
+    DFlash and DSpark it is forced on): a layout of another drafter that drafts in
+    parallel (P-EAGLE, PARD, parallel ngram) is refused by the release."""
+    threshold_needs_chunked_prefill: bool
+    """``long_prefill_token_threshold`` cuts a prefill only with chunked prefill on (True);
+    or whenever some other request could be starved (False)."""
+    caches_output_beside_mamba: bool
+    """With a Mamba group and prefix caching on, synchronous scheduling caches a running
+    request's verified blocks as its output arrives even without spec tokens (True:
+    vLLM publishes the Mamba states a request finalised before it retires); or only with
+    spec tokens or output placeholders (False)."""
+    has_cache_aware_admission: bool
+    """The scheduler has ``cache_aware_admission_window`` (off by default): set, it
+    admits the waiting requests of a window in the order of their cached prefixes."""
+
     def __hash__(self) -> int:
         # The tables are mappings: a release is known by its version.
         return hash(self.version)
@@ -117,6 +144,22 @@ class Release:
     def num_lookahead_tokens(self, layout: MethodLayout, k: Num) -> Num:
         """vLLM's ``num_lookahead_tokens`` for ``layout`` with ``K = k``."""
         return self.lookahead[layout.name].at(k)
+
+    def builds_parallel_drafting(self, method: str) -> bool:
+        """Whether the release accepts ``parallel_drafting`` with ``method``."""
+        return method in self.parallel_drafting_methods
+
+    def builds(self, layout: MethodLayout) -> bool:
+        """Whether the release builds a drafter of ``layout`` (``check_parallel_drafting``
+        refuses the others)."""
+        return layout.parallel_drafting is not True or self.builds_parallel_drafting(
+            layout.speculative_method
+        )
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        """The names of the method-table rows the release builds, in the table's order."""
+        return tuple(layout.name for layout in LAYOUTS if self.builds(layout))
 
     def runs_async(self, method: str, parallel_drafting: bool) -> bool:
         """Whether this release lets ``method``'s drafter run with ``async_scheduling``."""
@@ -171,6 +214,9 @@ _LOOKAHEAD = _table(
 # with the EAGLE types as async-capable.
 _ASYNC_V1 = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "dspark", "ngram_gpu")
 _EAGLE_STYLE = ("eagle", "eagle3", "mtp")
+_PARALLEL_DRAFTING = ("ngram", "eagle", "eagle3", "draft_model", "dflash", "dspark")
+"""The drafters with a parallel-drafting row in the method table, all built by 0.32 and
+0.33 (for DFlash and DSpark it is forced on)."""
 
 VLLM_0_32 = Release(
     version="0.32",
@@ -193,6 +239,10 @@ VLLM_0_32 = Release(
     eagle_groups_drop_without_use_eagle=True,
     retains_block_below_junction=False,
     rekeys_cached_mamba_tail=True,
+    parallel_drafting_methods=_PARALLEL_DRAFTING,
+    threshold_needs_chunked_prefill=False,
+    caches_output_beside_mamba=False,
+    has_cache_aware_admission=False,
 )
 VLLM_0_33 = Release(
     version="0.33",
@@ -215,9 +265,27 @@ VLLM_0_33 = Release(
     eagle_groups_drop_without_use_eagle=False,
     retains_block_below_junction=True,
     rekeys_cached_mamba_tail=False,
+    parallel_drafting_methods=_PARALLEL_DRAFTING,
+    threshold_needs_chunked_prefill=False,
+    caches_output_beside_mamba=False,
+    has_cache_aware_admission=False,
+)
+VLLM_0_34 = dataclasses.replace(
+    VLLM_0_33,
+    version="0.34",
+    summary="0.33's budget; parallel drafting only for DFlash/DSpark, every drafter async",
+    # Model runner V1 is gone, and with it every async refusal of a drafter.
+    async_methods=(*_ASYNC_V1, "ngram"),
+    async_runner_v2_methods=(),
+    parallel_drafting_methods=("dflash", "dspark"),
+    threshold_needs_chunked_prefill=True,
+    caches_output_beside_mamba=True,
+    has_cache_aware_admission=True,
 )
 
-RELEASES: dict[str, Release] = {release.version: release for release in (VLLM_0_32, VLLM_0_33)}
+RELEASES: dict[str, Release] = {
+    release.version: release for release in (VLLM_0_32, VLLM_0_33, VLLM_0_34)
+}
 """The releases, keyed by ``major.minor``, oldest first."""
 RELEASE_VERSIONS = tuple(RELEASES)
 

@@ -4,7 +4,9 @@ known findings come from the proofs' manifest, and one example count serves both
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,7 +118,9 @@ def test_the_proofs_stage_runs_prove_with_the_parsers_own_defaults(
 
     seen: list[ProveOptions] = []
     monkeypatch.setattr(proofs_commands, "prove", recorder(seen))
-    assert check_module.run_proofs() == 0
+    assert check_module.run_proofs(Path("p.json")) == 0
     [options] = seen
-    assert options == ProveOptions()
-    assert options == options_from(build_parser().parse_args(["prove"]), ProveOptions)
+    # The parser's defaults but for the JSON the stage reads its checked work from.
+    assert options == ProveOptions(json_path="p.json")
+    defaults = options_from(build_parser().parse_args(["prove"]), ProveOptions)
+    assert options == dataclasses.replace(defaults, json_path="p.json")

@@ -109,9 +109,11 @@ def test_a_release_differing_in_one_flag_changes_only_the_rows_reading_it() -> N
 def test_the_coverage_table_has_a_column_per_row_in_the_tables_order() -> None:
     result = FuzzResult(profile="vllm-0.33", vllm_version="0.33.0")
     result.coverage["ngram"] = dict.fromkeys(EVENT_NAMES, 1)
+    result.steps = result.steps_by_layout["ngram"] = 10
     code, table = fuzz_verdict(result, ["ngram"], gate=True)
     head = next(line for line in table.splitlines() if line.startswith("method"))
-    assert head.split()[2:-2] == [event.short for event in COVERAGE]
+    assert head.split()[:3] == ["method", "ex", "steps"]
+    assert head.split()[3:-2] == [event.short for event in COVERAGE]
     assert code == 0
     result.coverage["ngram"]["resume_rehit"] = 0
     code, table = fuzz_verdict(result, ["ngram"], gate=True)

@@ -22,6 +22,8 @@ UNRECORDED = "pool-short-of-counted-blocks"
 
 def _unit(tmp_path: Path, crashes: dict[str, int]) -> UnitRun:
     run = UnitRun("vllm-0.33", "ngram", "edge", 1, tmp_path, frozenset())
+    # Steps checked before the crashes: a verdict rests on them (a run of none exits 2).
+    run.steps = 5
     run.mirrored_crashes = dict(crashes)
     run.crash_scenarios = {name: str(tmp_path / f"crash-{name}.json") for name in crashes}
     return run
@@ -74,11 +76,15 @@ def test_a_crash_no_record_names_fails_the_verdict(tmp_path: Path) -> None:
     )
 
 
-def test_a_crash_of_vllm_alone_is_shown_but_names_no_assertion(tmp_path: Path) -> None:
+def test_a_crash_of_vllm_alone_names_no_assertion_and_fails(tmp_path: Path) -> None:
+    # With no reference beside it, nothing names the assertion: never mirrored.
     result = _result(_unit(tmp_path, {LIVE_ALONE_CRASH: 1}))
     code, table = fuzz_verdict(result, [], gate=False)
-    assert code == 0
+    assert code == 1
     assert "vLLM crashed with no reference beside it: 1 examples" in table
+    assert table.splitlines()[-1] == (
+        "verdict: FAIL: vLLM failed on 1 examples with no reference beside it"
+    )
 
 
 @pytest.mark.live

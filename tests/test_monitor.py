@@ -337,22 +337,37 @@ def _slots(profile: str, config: EngineConfig) -> int:
 
 
 # -- the fallback -------------------------------------------------------------------------
-def test_no_matching_profile_falls_back_to_the_monitor_alone(
+def test_no_matching_profile_fails_unless_the_monitor_alone_is_asked_for(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from dualbudget.integration import commands, detect
 
-    unknown = detect.Detection(profile=None, vllm_version="0.34.0.dev7", how="decisions")
+    scenario = detect.DETECTION_SCENARIOS[3].name
+    unknown = detect.Detection(
+        profile=None,
+        vllm_version="0.35.0.dev7",
+        how="decisions",
+        failures={"vllm-0.34": detect.Failure(scenario, "decision at step 2")},
+    )
     monkeypatch.setattr(detect, "detect", lambda: unknown)
     options = commands.FuzzOptions(known_findings=frozenset({("vllm-0.33", "eagle", "C5")}))
-    profile, how, known = commands.fuzz_profile(options, "0.34.0.dev7")
-    # The newest release's configs, no finding of the manifest's taken as this one's.
-    assert (profile, how, known) == ("vllm-0.33", commands.MONITOR_ALONE, frozenset())
+    # The scheduler departs from every profile: the verdict names the nearest.
+    with pytest.raises(commands.NoProfileMatches) as differs:
+        commands.fuzz_profile(options, "0.35.0.dev7")
+    assert differs.value.verdict == (
+        "FAIL: vLLM 0.35.0.dev7 decides as no profile; nearest vllm-0.34, which it first"
+        f" departs from on {scenario}: decision at step 2"
+    )
+    # Asked for the monitor alone: the newest release's configs, no finding of the
+    # manifest's taken as this one's.
+    alone = replace(options, monitor_only=True)
+    profile, how, known = commands.fuzz_profile(alone, "0.35.0.dev7")
+    assert (profile, how, known) == ("vllm-0.34", commands.MONITOR_ALONE, frozenset())
     out = capsys.readouterr().out
     assert "no profile matches its decisions" in out and "--monitor-only" in out
     # A given profile is kept, with its known findings.
     given = replace(options, profile="vllm-0.32")
-    assert commands.fuzz_profile(given, "0.34.0.dev7") == (
+    assert commands.fuzz_profile(given, "0.35.0.dev7") == (
         "vllm-0.32",
         "--profile",
         options.known_findings,

@@ -30,9 +30,8 @@ from dualbudget.reference.scenario import Scenario, parse_scenario
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import ConfigError, EngineConfig
-from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.policies import StepParams
-from dualbudget.spec.profiles import PROFILE_NAMES, profile_named
+from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES, profile_named
 from tests.test_reference_support import speculative
 
 # The pairs the proofs find breaking C3: the reference reports it there, by design.
@@ -40,7 +39,7 @@ UNSOUND = {(profile, layout) for profile, layout, item in expected_findings() if
 PAIRS = [
     (profile, layout)
     for profile in PROFILE_NAMES
-    for layout in ("none", *LAYOUT_NAMES)
+    for layout in ("none", *PROFILES[profile].release.layouts)
     if (profile, layout) not in UNSOUND
 ]
 MAX_STEPS = 3000

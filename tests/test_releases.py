@@ -77,7 +77,8 @@ VLLM_0_33_PROFILE = release_profile(VLLM_0_33)
         ("0.33.1", "0.33"),
         ("0.33.0rc1.dev5+g1234abc", "0.33"),
         ("0.32.0+cpu", "0.32"),
-        ("0.34.0", None),
+        ("0.34.0", "0.34"),
+        ("0.35.0", None),
         ("0.3", None),
         ("dev", None),
     ],
@@ -88,8 +89,8 @@ def test_an_installed_version_maps_to_its_release(installed: str, version: str |
 
 
 def test_an_unknown_release_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(UnknownRelease, match=r"'0\.34' \(known: 0\.32, 0\.33\)"):
-        release_named("0.34")
+    with pytest.raises(UnknownRelease, match=r"'0\.35' \(known: 0\.32, 0\.33, 0\.34\)"):
+        release_named("0.35")
     assert [release_named(v) for v in RELEASE_VERSIONS] == list(RELEASES.values())
 
 

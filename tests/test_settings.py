@@ -38,6 +38,7 @@ OTHER_VALUE: dict[str, Any] = {
     "enable_prefix_caching": False,
     "max_num_active_seqs": 3,
     "watermark": 0.01,
+    "cache_aware_admission_window": 8,
     "scheduler_reserve_full_isl": False,
     "long_prefill_token_threshold_adaptive": True,
     "prefill_schedule_interval": 2,

@@ -187,6 +187,9 @@ CHANGES: dict[str, EngineChange | RequestChange | GroupsChange | KVCacheChange |
     ),
     "max_num_active_seqs": EngineChange(_setter("scheduler_config.max_num_active_seqs", 3), 3),
     "watermark": EngineChange(_setter("scheduler_config.watermark", 0.01), 0.01),
+    "cache_aware_admission_window": EngineChange(
+        _setter("scheduler_config.cache_aware_admission_window", 8), 8
+    ),
     "scheduler_reserve_full_isl": EngineChange(
         _setter("scheduler_config.scheduler_reserve_full_isl", False), False
     ),

@@ -109,6 +109,7 @@ def test_an_async_trace_with_natural_stops_replays(tmp_path: Path) -> None:
 UNMODELLED = {
     "max_num_active_seqs": 3,
     "watermark": 0.01,
+    "cache_aware_admission_window": 8,
     "scheduler_reserve_full_isl": False,
     "long_prefill_token_threshold_adaptive": True,
     "prefill_schedule_interval": 2,

@@ -96,13 +96,17 @@ def run_in_tree(tree: Path, code: str, timeout: float = 600) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def dualbudget(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """``dualbudget ARGS`` in this environment, its output captured."""
+def dualbudget(
+    *args: str, timeout: float = 900, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``dualbudget ARGS`` in this environment (in ``cwd``, where a plugin module must be
+    importable from), its output captured."""
     return subprocess.run(
         [sys.executable, "-m", "dualbudget", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=cwd,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"},
     )
 
