@@ -381,6 +381,8 @@ def _build_vllm_config(
     try:
         with context:
             return _without_cpu_triton_check(lambda: _vllm_config_of(config, spec_kwargs))
+    except AdapterFailure:
+        raise  # a ValueError too (bad input), but the adapter's, not vLLM's refusal
     except LacksField as err:
         raise Unsupported(config, str(err)) from None
     except (ValueError, NotImplementedError, ImportError, pydantic.ValidationError) as err:
@@ -765,6 +767,8 @@ class LiveScheduler:
                 # hashes), asks every group's manager now.
                 coordinator = self.scheduler.kv_cache_manager.coordinator
                 coordinator.find_longest_cache_hit([], 0)
+            except AdapterFailure:
+                raise
             except (AssertionError, ValueError, NotImplementedError) as err:
                 raise Unsupported(config, _one_line(err)) from None
             except LacksField as err:
