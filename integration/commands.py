@@ -540,10 +540,10 @@ def bench_workloads(profile: str) -> list[Scenario]:
     for spec, async_scheduling, kv_groups in (
         (None, False, ()),
         (SpeculativeConfig("ngram", 3), False, ()),
-        (SpeculativeConfig("eagle3", 4, True), False, ()),
+        (SpeculativeConfig("eagle3", 4), False, ()),
         (SpeculativeConfig("dflash", 4, True), False, ()),
-        (SpeculativeConfig("eagle3", 4, True), True, ()),
-        (SpeculativeConfig("eagle3", 4, True), True, hybrid),
+        (SpeculativeConfig("eagle3", 4), True, ()),
+        (SpeculativeConfig("eagle3", 4), True, hybrid),
     ):
         config = EngineConfig(
             max_num_batched_tokens=512,

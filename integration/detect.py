@@ -112,6 +112,22 @@ SHAPES = (
         num_gpu_blocks=30,
         max_model_len=48,
     ),
+    # The same with K = 3, where the only drafter reserving slots is a draft model's one
+    # slot (0.34 builds no other): a refund short of that slot cuts a later grant of the
+    # running loop by one token (step 6).
+    Shape(
+        "refund-one-slot",
+        15,
+        6,
+        ((2, 20), (5, 19), (6, 19), (5, 13), (6, 11), (3, 18)),
+        1,
+        k=3,
+        arrival_gap=1,
+        outranking=True,
+        block_size=2,
+        num_gpu_blocks=31,
+        max_model_len=48,
+    ),
 )
 
 

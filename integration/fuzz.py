@@ -41,6 +41,7 @@ from dualbudget.campaign.executor import (
 from dualbudget.campaign.store import Campaign, CampaignMismatch, map_resumed
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
+from dualbudget.spec.profiles import profile_named
 
 from .aims import AIMS, machine_for
 from .coverage import EVENTS
@@ -337,7 +338,8 @@ def run_fuzz(
     """
     require_campaign(budget_seconds, campaign)
     result = FuzzResult(profile=profile, vllm_version=vllm_version, monitor_only=monitor_only)
-    layouts = list(layouts or LAYOUT_NAMES)
+    # Every method the profile's release builds, unless the caller names them.
+    layouts = list(layouts or profile_named(profile).release.layouts)
     kept = None
     if campaign is not None:
         out_dir = Path(campaign) / "scenarios"

@@ -303,6 +303,7 @@ import json
 
 {pytest}import torch
 import vllm.config.vllm
+import vllm.triton_utils
 from vllm.config import (
     CacheConfig,
     ModelConfig,
@@ -330,9 +331,11 @@ def model_dir(tmp_path, name, config):
 
 def create_scheduler(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if MODEL_RUNNER_V2 else "0")
+    # Only the scheduler is built: no kernel runs, so Triton is not needed (model runner
+    # V2 asks for it, and so does the CPU platform of later releases).
     if MODEL_RUNNER_V2:
-        # Only the scheduler is built: no kernel runs, so Triton is not needed.
         monkeypatch.setattr(vllm.config.vllm, "HAS_TRITON", True, raising=False)
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True, raising=False)
     model_config = ModelConfig(
         model=model_dir(tmp_path, "target", TARGET_CONFIG),
         skip_tokenizer_init=True,
@@ -411,8 +414,7 @@ def step(scheduler):
         output,
         ModelRunnerOutput(
             req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=[[12] for _ in req_ids],
+{index}            sampled_token_ids=[[12] for _ in req_ids],
         ),
     )
     return output
@@ -420,8 +422,23 @@ def step(scheduler):
 '''
 
 
-def source(exhibit: Exhibit, version: str, why: str) -> str:
-    """The test file of ``exhibit``, as written for vLLM ``version``."""
+_REQUEST_INDEX = "            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},\n"
+"""The ``ModelRunnerOutput`` field mapping each request id to its output."""
+
+
+def indexes_requests() -> bool:
+    """Whether the installed vLLM's ``ModelRunnerOutput`` takes ``req_id_to_index``
+    (later releases index the outputs by ``req_ids``)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from .vllm_api import has_field
+
+    return has_field(ModelRunnerOutput, "req_id_to_index")
+
+
+def source(exhibit: Exhibit, version: str, why: str, request_index: bool = True) -> str:
+    """The test file of ``exhibit``, as written for vLLM ``version`` (whose
+    ``ModelRunnerOutput`` takes ``req_id_to_index`` where ``request_index``)."""
     title = exhibit.name.replace("_", " ").capitalize() + f" ({exhibit.finding})."
     wrapped = "\n".join(textwrap.wrap(why, 88, break_on_hyphens=False))
     settings: list[tuple[str, Any, str | None]] = [
@@ -451,7 +468,7 @@ def source(exhibit: Exhibit, version: str, why: str) -> str:
         if note:
             lines.append(f"# {note}.")
         lines.append(f"{name} = {_py(value)}")
-    lines.append(_HELPERS)
+    lines.append(_HELPERS.replace("{index}", _REQUEST_INDEX if request_index else ""))
     body = textwrap.indent(textwrap.dedent(exhibit.body).strip("\n"), "    ")
     lines.append(
         f"def test_{exhibit.name}(tmp_path, monkeypatch):\n"
@@ -573,8 +590,9 @@ def write_upstream(out: Path) -> UpstreamResult:
         folder = Path(tmp) / "tests"
         folder.mkdir()
         texts = {}
+        index = indexes_requests()
         for exhibit in candidates:
-            texts[exhibit.name] = source(exhibit, version, exhibit.why_under(profile))
+            texts[exhibit.name] = source(exhibit, version, exhibit.why_under(profile), index)
             (folder / f"test_{exhibit.name}.py").write_text(texts[exhibit.name])
         outcomes = run_pytest(folder, Path(tmp) / "junit.xml")
     for exhibit in candidates:  # a test no longer exhibited must not stay behind

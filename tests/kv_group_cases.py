@@ -27,6 +27,7 @@ from dualbudget.reference.prefix_cache import BlockPool
 from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
+from dualbudget.spec.releases import RELEASE_VERSIONS
 
 BLOCK_SIZE = 4
 STEP = ScheduleStep()
@@ -163,7 +164,7 @@ class Case:
     """The pool's free blocks after each step's schedule (``get_num_free_blocks``)."""
     observed: dict[str, int] = field(default_factory=dict)
     """The coordinator's counters at the end (those not named: 0)."""
-    releases: tuple[str, ...] = ("0.32", "0.33")
+    releases: tuple[str, ...] = RELEASE_VERSIONS
 
 
 REPEAT_AND_ONE_MORE = (
@@ -332,7 +333,7 @@ min(21 // 4, 5) * 4 = 20, inside its third block, and its cacheable tokens (the 
 min(21, 16 + 8) = 21) reach it: that block is keyed by the tail's hash, so when r0 is
 aborted it goes to the free queue's tail. Under 0.33 it does not drop: the boundary is 20
 again but its cacheable tokens are 16, so the block stays unkeyed and goes to the head."""
-PROMPT_TAIL_KEYED = {"0.32": True, "0.33": False}
+PROMPT_TAIL_KEYED = {"0.32": True, "0.33": False, "0.34": False}
 
 TWO_LOOKUPS_PLACES = 10
 """The prompt of the hand-worked lookups of two groups: 10 block hashes, one token more."""
@@ -469,7 +470,7 @@ CASES: tuple[Case, ...] = (
         {0: ({"r0": 16}, {}, [])},
         {0: 9},
         {"mamba_aligned_split": 1},
-        releases=("0.33",),
+        releases=("0.33", "0.34"),
     ),
     Case(
         # One MLA group is full attention: r0 (8 tokens) takes 2 blocks (15 -> 13),
@@ -558,7 +559,7 @@ CASES: tuple[Case, ...] = (
         {0: ({"r0": 16}, {}, []), 1: ({"r0": 1, "r1": 3}, {"r1": 2}, [])},
         {0: 31, 1: 29},
         {"window_blocks_freed": 2},
-        releases=("0.33",),
+        releases=("0.33", "0.34"),
     ),
     Case(
         # Llama 4: chunks of 8 beside full attention, caching on, no drafter, 39 blocks
@@ -595,13 +596,18 @@ CASES: tuple[Case, ...] = (
     mamba_checkpoint_in_chunk(caching=True),
     mamba_checkpoint_on_a_null_place("0.32"),
     mamba_checkpoint_on_a_null_place("0.33"),
-    mamba_state_hit(
-        # 0.33: r0's step-1 chunk ends past the state, already keyed: r1's hit no longer
-        # waits. r1 (21 tokens, 5 left after the hit) touches block 1, held by r0 (no
-        # evictable block), and takes a new state block and a full block (10 -> 8).
-        "0.33",
-        {1: ({"r0": 4, "r1": 5}, {}, [])},
-        {1: 8},
+    mamba_checkpoint_on_a_null_place("0.34"),
+    *(
+        mamba_state_hit(
+            # 0.33 on: r0's step-1 chunk ends past the state, already keyed: r1's hit no
+            # longer waits. r1 (21 tokens, 5 left after the hit) touches block 1, held by
+            # r0 (no evictable block), and takes a new state block and a full block
+            # (10 -> 8).
+            release,
+            {1: ({"r0": 4, "r1": 5}, {}, [])},
+            {1: 8},
+        )
+        for release in ("0.33", "0.34")
     ),
     mamba_state_hit(
         # 0.32 marks the keyed state cached again in step 1 (r0's cacheable tokens still

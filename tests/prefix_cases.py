@@ -22,6 +22,7 @@ from dualbudget.reference.events import (
     ScheduleStep,
 )
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.releases import RELEASE_VERSIONS
 
 BLOCK_SIZE = 4
 P = tuple(range(100, 109))
@@ -75,7 +76,7 @@ class Case:
     """The free queue at the end, head first, where the case is about its order."""
     ref_cnt: dict[int, int] = field(default_factory=dict)
     """Reference counts at the end, per block, where the case is about them."""
-    releases: tuple[str, ...] = ("0.32", "0.33")
+    releases: tuple[str, ...] = RELEASE_VERSIONS
     """The releases whose vLLM code the case was worked from."""
 
 
@@ -224,7 +225,7 @@ CASES: tuple[Case, ...] = (
         (add("r0", P, 1), STEP, sample(r0=(500,)), add("r1", P, 3), STEP),
         {0: ({"r0": 9}, {}, []), 1: ({"r1": 3}, {"r1": 2}, [])},
         {"prefix_hit": 1, "full_prefix_hit": 1},
-        releases=("0.33",),
+        releases=("0.33", "0.34"),
     ),
     Case(
         # ... but its lookahead hash of P1 covers P's ninth token, where P_FORK differs:
@@ -234,7 +235,7 @@ CASES: tuple[Case, ...] = (
         (add("r0", P, 1), STEP, sample(r0=(500,)), add("r1", P_FORK, 3), STEP),
         {0: ({"r0": 9}, {}, []), 1: ({"r1": 8}, {}, [])},
         {"prefix_hit": 1},
-        releases=("0.33",),
+        releases=("0.33", "0.34"),
     ),
     Case(
         # Without the lookahead (ngram), P_FORK hits P0 P1: 8 of its 12 tokens.

@@ -15,7 +15,7 @@ import pytest
 
 from dualbudget.integration import commands
 from dualbudget.integration.live import installed_vllm_version
-from dualbudget.integration.testing import live_profile_name
+from dualbudget.integration.testing import differing_release_profile, live_profile_name
 
 pytestmark = pytest.mark.live
 
@@ -74,7 +74,7 @@ def test_bench_stops_at_a_divergence(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The other release's profile on DFlash: its first step differs (see the fuzz tests).
-    other = {"vllm-0.32": "vllm-0.33", "vllm-0.33": "vllm-0.32"}[live_profile_name()]
+    other = differing_release_profile(live_profile_name())
     monkeypatch.setattr(commands, "bench_workloads", _only("dflash"))
     assert commands.bench(commands.BenchOptions(repeat=1, profile=other)) == 1
     assert f"vLLM diverges from the reference {other} at" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from dualbudget.integration.live import Unsupported, build_vllm_config
-from dualbudget.integration.testing import live_profile_name
+from dualbudget.integration.testing import installed_layouts, live_profile_name
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.policies import StepParams
@@ -39,7 +39,9 @@ def _config(layout: str, k: int, budget: int, seqs: int = 1) -> EngineConfig:
     )
 
 
-@pytest.mark.parametrize("layout", list(LAYOUT_NAMES))
+# The rows the installed release builds; test_accept_and_reject_match_the_policy checks
+# that vLLM and the release's policy alike refuse the others.
+@pytest.mark.parametrize("layout", installed_layouts())
 @pytest.mark.parametrize("k", KS)
 def test_slots_lookahead_and_budgets_match_the_table(profile, layout: str, k: int) -> None:  # type: ignore[no-untyped-def]
     release = profile.release
@@ -109,6 +111,11 @@ def test_the_measured_first_step_of_p_eagle(profile) -> None:  # type: ignore[no
         num_gpu_blocks=64,
         speculative_config=SpeculativeConfig("eagle3", 4, True),
     )
+    if not profile.release.builds(layout_named("p-eagle")):
+        # A release that drafts in parallel only for DFlash and DSpark refuses P-EAGLE.
+        with pytest.raises(Unsupported, match="parallel_drafting is only supported by"):
+            LiveScheduler(config)
+        return
     live = LiveScheduler(config)
     live.handle(AddRequest("0", 10, 4, arrival_time=0.0))
     live.handle(AddRequest("1", 10, 4, arrival_time=1.0))
@@ -133,7 +140,11 @@ def test_ngram_parallel_drafting_with_b_at_most_k_minus_1(profile) -> None:  # t
         num_gpu_blocks=64,
         speculative_config=SpeculativeConfig("ngram", 3, True),
     )
-    if not profile.release.caps_own_pass_admission:  # B checked against the slots
+    # B checked against the slots, or parallel ngram not built at all (0.34 on).
+    if not (
+        profile.release.caps_own_pass_admission
+        and profile.release.builds_parallel_drafting("ngram")
+    ):
         with pytest.raises(Unsupported):
             build_vllm_config(config)
         return
@@ -144,3 +155,29 @@ def test_ngram_parallel_drafting_with_b_at_most_k_minus_1(profile) -> None:  # t
         assert record is not None
         assert record.num_scheduled_tokens == {}
         live.handle(ModelOutput({}))
+
+
+def test_the_long_prefill_threshold_with_chunked_prefill_off(profile) -> None:  # type: ignore[no-untyped-def]
+    """tests/test_releases.py's hand-worked first step, on the installed vLLM: 0.32 and
+    0.33 cut a 10-token prompt to the threshold of 4 with chunked prefill off; 0.34
+    applies the threshold only to chunked prefill (``threshold_needs_chunked_prefill``)."""
+    from dualbudget.integration.live import LiveScheduler
+    from dualbudget.reference.events import AddRequest, ScheduleStep
+
+    config = EngineConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=16,
+        num_gpu_blocks=32,
+        speculative_config=SpeculativeConfig("eagle3", 2),
+        enable_chunked_prefill=False,
+        long_prefill_token_threshold=4,
+    )
+    live = LiveScheduler(config)
+    live.handle(AddRequest("0", 10, 3, arrival_time=0.0))
+    live.handle(AddRequest("1", 3, 3, arrival_time=1.0))
+    record = live.handle(ScheduleStep())
+    assert record is not None
+    first = 10 if profile.release.threshold_needs_chunked_prefill else 4
+    assert record.num_scheduled_tokens == {"0": first, "1": 3}

@@ -16,7 +16,7 @@ import pytest
 from dualbudget.integration.aims import AIMS
 from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import Divergence, DivergenceFound, Lockstep, MirroredCrash
-from dualbudget.integration.testing import live_profile_name
+from dualbudget.integration.testing import installed_layouts, live_profile_name
 from dualbudget.reference import kv_coordinator
 from dualbudget.reference.deployments import DEPLOYMENTS
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
@@ -29,7 +29,7 @@ from dualbudget.reference.scheduler import KV_GROUP_OBSERVED
 from dualbudget.reference.settings import first_unreplayed
 from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
-from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
+from dualbudget.spec.methods import layout_named
 from dualbudget.spec.profiles import profile_named
 from tests import kv_group_cases
 
@@ -644,7 +644,9 @@ def test_a_layout_vllm_refuses_is_unsupported_with_its_reason(profile: str) -> N
     assert "hash_block_size" in refused.value.reason or "align" in refused.value.reason
 
 
-@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+# Every method the installed release builds (tests/test_facts_live.py: vLLM refuses the
+# others as the release's policy does).
+@pytest.mark.parametrize("layout", installed_layouts())
 def test_every_method_builds_the_hybrid_aims_layouts(layout: str, profile: str) -> None:
     """What the hybrid coverage rows' ``reached`` claims (``coverage.COVERAGE``): vLLM
     builds every layout the hybrid aim draws with every method of the table, and steps."""

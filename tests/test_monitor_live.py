@@ -231,8 +231,10 @@ def test_a_prompt_that_never_fits_whole_waits_for_ever_and_is_a_known_stall(
     never fits, and the first step is empty with nothing left to change it; a 46-token
     one runs. The reference stalls alike,
     and the stall is the manifest's ``unchunked-prompt-stall``, not a new finding."""
+    from dualbudget.integration.lockstep import ConfigRefused, Lockstep
     from dualbudget.integration.outcome import known_as
     from dualbudget.reference.scenario import validate
+    from dualbudget.spec.profiles import profile_named
 
     config = EngineConfig(
         max_num_batched_tokens=48,
@@ -243,6 +245,11 @@ def test_a_prompt_that_never_fits_whole_waits_for_ever_and_is_a_known_stall(
         enable_chunked_prefill=False,
         speculative_config=SpeculativeConfig.for_layout(layout_named("ngram-parallel"), 3),
     )
+    if "ngram-parallel" not in profile_named(profile).release.layouts:
+        # A release that builds no parallel ngram (0.34 on) refuses it, on both sides.
+        with pytest.raises(ConfigRefused, match="parallel_drafting"):
+            Lockstep(config, profile)
+        return
     request = RequestSpec("0", prompt_len, 1)
     scenario = validate(Scenario(profile, config, (request,), Acceptance(fixed=0)))
     beside: list[MonitorViolation] = []

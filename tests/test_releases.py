@@ -34,6 +34,7 @@ from dualbudget.spec.releases import (
     RELEASE_VERSIONS,
     RELEASES,
     VLLM_0_33,
+    VLLM_0_34,
     Release,
     UnknownRelease,
     release_named,
@@ -157,6 +158,42 @@ def test_a_drafter_the_release_does_not_run_async_is_refused() -> None:
     assert make_scheduler(asynchronous, VLLM_0_33_PROFILE).config.async_scheduling
     with pytest.raises(ConfigError, match=r"vLLM 9\.99 refuses async scheduling with 'ngram'"):
         make_scheduler(asynchronous, profile)
+
+
+def test_parallel_drafting_only_for_the_drafters_the_release_names() -> None:
+    # P-EAGLE (eagle3 drafting in parallel) builds where the release accepts parallel
+    # drafting for eagle3 (0.32, 0.33), and is refused, by name, where only DFlash and
+    # DSpark draft in parallel (0.34); DFlash, whose parallel drafting is forced, builds.
+    p_eagle = EngineConfig(
+        64, 4, 64, 16, 64, speculative_config=SpeculativeConfig("eagle3", 2, True)
+    )
+    make_scheduler(p_eagle, VLLM_0_33_PROFILE)
+    only_own_pass = fictitious(parallel_drafting_methods=("dflash", "dspark"))
+    with pytest.raises(
+        ConfigError,
+        match=r"vLLM 9\.99 supports parallel_drafting only for dflash, dspark, not 'eagle3'",
+    ):
+        make_scheduler(p_eagle, only_own_pass)
+    dflash = dataclasses.replace(p_eagle, speculative_config=SpeculativeConfig("dflash", 2, True))
+    make_scheduler(dflash, only_own_pass)
+    assert "p-eagle" in VLLM_0_33.layouts and "p-eagle" not in VLLM_0_34.layouts
+    assert set(VLLM_0_33.layouts) - set(VLLM_0_34.layouts) == {"ngram-parallel", "p-eagle", "pard"}
+
+
+def test_the_long_prefill_threshold_with_chunked_prefill_off() -> None:
+    # Chunked prefill off, threshold 4, B = 64: prompts of 10 and 3 tokens. 0.33 cuts the
+    # first to the threshold (another request could be starved) and admits the second; a
+    # release that applies the threshold only to chunked prefill gives the first all 10.
+    config = EngineConfig(
+        64, 4, 64, 16, 32, speculative_config=SpeculativeConfig("eagle3", 2),
+        enable_chunked_prefill=False, long_prefill_token_threshold=4,
+    )  # fmt: skip
+    events: tuple[Event, ...] = (AddRequest("0", 10, 3), AddRequest("1", 3, 3), S)
+    assert decisions(config, VLLM_0_33_PROFILE, events) == [({"0": 4, "1": 3}, {}, [])]
+    needs_chunking = fictitious(threshold_needs_chunked_prefill=True)
+    assert decisions(config, needs_chunking, events) == [({"0": 10, "1": 3}, {}, [])]
+    chunked = dataclasses.replace(config, enable_chunked_prefill=True)
+    assert decisions(chunked, needs_chunking, events) == [({"0": 4, "1": 3}, {}, [])]
 
 
 def test_a_hit_rule_that_drops_the_last_block() -> None:

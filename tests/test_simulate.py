@@ -490,10 +490,10 @@ def test_the_system_prompt_preset_runs_in_lockstep_with_vllm() -> None:
     # The installed vLLM, prefix caching on, schedules the preset as the reference does
     # (the same hits, or the scheduled tokens would differ): 300 steps, hits from step 1 on.
     from dualbudget.integration.lockstep import run_in_lockstep
-    from dualbudget.integration.testing import live_profile_name
+    from dualbudget.integration.testing import built_by_the_release, live_profile_name
 
     profile = live_profile_name()
-    scenario = preset("chat-system-prompt").scenario(seed=0).with_profile(profile)
+    scenario = built_by_the_release(preset("chat-system-prompt").scenario(seed=0), profile)
     steps, divergence = run_in_lockstep(scenario, max_steps=300)
     assert divergence is None, divergence.report()
     assert steps == 300

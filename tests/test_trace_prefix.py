@@ -363,10 +363,9 @@ def test_the_recorder_writes_vllms_block_hashes(
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.integration.lockstep import live_records
     from dualbudget.integration.recorder import RecordingScheduler
-    from dualbudget.integration.testing import live_profile_name
+    from dualbudget.integration.testing import built_by_the_release, live_profile_name
 
-    workload = preset("chat-system-prompt")
-    scenario = dataclasses.replace(workload.scenario(0), profile=live_profile_name())
+    scenario = built_by_the_release(preset("chat-system-prompt").scenario(0), live_profile_name())
     assert scenario.config.enable_prefix_caching
     trace = tmp_path / "trace.ndjson"
     monkeypatch.setenv("DUALBUDGET_TRACE", str(trace))

@@ -45,19 +45,21 @@ def _proposal(thread: str) -> Profile:
     return found
 
 
-def _verdict(proposal: Profile) -> str:
+def _verdict(proposal: Profile) -> str | None:
     """The profile a tree written as ``proposal`` must be detected as: the proposal's own
     where it runs on the installed release; elsewhere the profile that runs its rule on
-    the installed release, as the records say (``same_rule_elsewhere``)."""
+    the installed release, as the records say (``same_rule_elsewhere``); None where no
+    profile does (0.34 has no proposal of its own)."""
     release = _release_version()
     if proposal.release.version == release:
         return proposal.name
-    (found,) = [
+    found = [
         p.name
         for p in PROFILES.values()
         if p.release.version == release and proposal.name in same_rule_elsewhere(p.name)
     ]
-    return found
+    assert len(found) <= 1, found
+    return found[0] if found else None
 
 
 def _detected(tree: Path) -> dict[str, Any]:
@@ -103,6 +105,14 @@ def test_the_split_draft_budget_of_53080(tmp_path: Path) -> None:
     proposal = _proposal("vllm-project/vllm#53080")
     expected = _verdict(proposal)
     found = _detected(tree)
+    if expected is None:
+        # No profile runs the rule on this release: the tree decides as none, nearest its
+        # release's own, from which the split budget departs where it admits a budget the
+        # release refuses (at or below the lookahead).
+        own = f"vllm-{_release_version()}"
+        assert found["profile"] is None and found["nearest"]["profile"] == own, found
+        assert found["nearest"]["scenario"].endswith("/below-lookahead"), found
+        return
     assert found["profile"] == expected and found["matches"] == [expected], found
     header = _fuzz(tree, tmp_path / "out").splitlines()[0]
     assert f"profile {expected} (detected by decisions" in header, header
@@ -143,8 +153,9 @@ def test_a_forgotten_slot_refund_matches_no_profile(tmp_path: Path) -> None:
     found = _detected(tree)
     assert found["profile"] is None, found
     own = found["failures"][f"vllm-{_release_version()}"]
-    # The release's own profile fails where a scheduled request is preempted.
-    assert own["scenario"].endswith("/refund"), own
+    # The release's own profile fails where a scheduled request is preempted (with the
+    # drafters of 0.34, whose only slot is a draft model's, at K = 3).
+    assert re.search(r"/refund(-one-slot)?$", own["scenario"]), own
     assert re.match(r"decision at step \d+", own["how"]), own
 
 
