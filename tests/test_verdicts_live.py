@@ -70,7 +70,7 @@ def test_a_forgotten_refund_fails_on_its_nearest_profile(tmp_path: Path) -> None
     own = f"vllm-{_release()}"
     assert re.match(
         rf"verdict: FAIL: vLLM \S+ decides as no profile; nearest {own}, which it first"
-        r" departs from on [\w-]+/refund: decision at step \d+",
+        r" departs from on [\w-]+/refund(-one-slot)?: decision at step \d+",
         verdict,
     ), verdict
     # Asked for the monitor alone, the same tree gets the monitor's verdict instead.
