@@ -404,13 +404,17 @@ def verdict_of(
         return 1, f"FAIL: vLLM failed on {alone_crashes} examples with no reference beside it"
     if result.unknown_monitor_findings:
         return 1, "FAIL: the contract monitor flagged a violation not known as a finding"
-    unchecked, not_built = [], []
+    unchecked, not_built, unrun = [], [], []
     for layout in layouts:
         if result.steps_by_layout.get(layout, 0):
             continue
         refused = result.refusals_by_layout.get(layout)
         examples = result.examples_by_layout.get(layout, 0)
-        if result.monitor_only and refused and not examples:
+        if not (examples or refused):
+            # No example of it ran (fewer examples than methods): not a method the run
+            # covers, and named as such.
+            unrun.append(layout)
+        elif result.monitor_only and refused and not examples:
             not_built.append(f"{layout} ({refused[1]})")
         else:
             unchecked.append(layout)
@@ -419,10 +423,12 @@ def verdict_of(
     zeros = result.zero_coverage([name for name in layouts if result.steps_by_layout.get(name)])
     if gate and zeros:
         return 1, f"FAIL: coverage at zero for {', '.join(zeros)}"
-    checked = len(layouts) - len(not_built)
+    checked = len(layouts) - len(not_built) - len(unrun)
     work = f"{result.steps} live steps of {checked} methods"
     if not_built:
         work += f"; not built by this vLLM: {'; '.join(not_built)}"
+    if unrun:
+        work += f"; no example ran of {', '.join(unrun)}"
     if result.monitor_only:
         return 0, f"PASS: the contract monitor found no violation outside the known ones ({work})"
     verdict = f"PASS: live vLLM and the reference agree on all {work}"

@@ -9,8 +9,10 @@ step resolves the output placeholders of async scheduling, in when a finished bl
 cached, and in what the waiting and running loops do when a request cannot be
 scheduled. Each of those is one field of ``Release`` below, named after the vLLM
 behaviour it stands for, and every branch of the spec, the reference and the harness
-reads that field, never the version string: a third release is one more record (and
-the install pins that build it), and it gets exactly the behaviour its fields say.
+reads that field, never the version string: a release is one more record (and the
+install pins that build it), and it gets exactly the behaviour its fields say. A release
+whose behaviour no field names yet needs that field and the code that reads it too, and
+the proofs' manifest needs the verdicts of its profile (0.34 added four fields).
 
 A profile (``spec.profiles``) is a budget policy run on one release's behaviour: the
 release profiles are the records' own ``profile_name`` with the record's

@@ -224,3 +224,11 @@ def test_checks_exit_code_is_its_worst_stages() -> None:
     verdict.fail("fuzz", "checked nothing; the adapter cannot drive the installed vLLM", 2)
     assert verdict.exit_code == 2
     assert Verdict().exit_code == 1  # no stage ran: nothing passed
+
+
+def test_a_method_no_example_of_which_ran_is_named_not_counted(tmp_path: Path) -> None:
+    # Fewer examples than methods: the last method's share is none.
+    result = _result(_unit("eagle", 12, tmp_path))
+    code, verdict = verdict_of(result, ["eagle", "dflash"], gate=False, new_crashes=[])
+    assert code == 0
+    assert "all 12 live steps of 1 methods; no example ran of dflash" in verdict
