@@ -54,10 +54,12 @@ def test_a_field_renamed_in_a_vllm_constructor_is_named_in_one_line(tmp_path: Pa
         "fuzz", "--vllm-src", str(tree), "--examples", "2", "--out-dir", str(tmp_path / "o")
     )
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert "ModelRunnerOutput takes no 'sampled_token_ids'" in lines[0], lines[0]
-    assert "sampled_ids" in lines[0], lines[0]
+    # One line says why (torch's or vLLM's own warnings may stand beside it), never a
+    # traceback.
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "ModelRunnerOutput takes no 'sampled_token_ids'" in errors[0], errors[0]
+    assert "sampled_ids" in errors[0], errors[0]
 
 
 def test_a_forgotten_refund_fails_on_its_nearest_profile(tmp_path: Path) -> None:
