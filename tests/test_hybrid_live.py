@@ -143,8 +143,7 @@ def test_a_group_beside_another_block_size_finds_the_hit_vllm_finds(
 
     other = KVGroup("full_attention", 8 if group.block_size == 4 else 4)
     config = kv_group_cases.config(40, group, other, enable_prefix_caching=True)
-    version = profile.removeprefix("vllm-")
-    spec = kv_cache_spec_of(group, config, version)
+    spec = kv_cache_spec_of(group, config)
     windowed = group.kind == "sliding_window"
     finder = managers.SlidingWindowManager if windowed else managers.FullAttentionManager
     span = group.block_size // 4
@@ -537,8 +536,8 @@ def test_a_bounded_replay_window_changes_what_vllm_schedules(
     assert second_prompt_start(lock.handle) == 48  # type: ignore[arg-type]
     plain_spec_of = live_module.kv_cache_spec_of
 
-    def replaying(group: KVGroup, engine: EngineConfig, version: str) -> object:
-        spec = plain_spec_of(group, engine, version)
+    def replaying(group: KVGroup, engine: EngineConfig) -> object:
+        spec = plain_spec_of(group, engine)
         if group.kind == "sliding_window_mla":
             spec = dataclasses.replace(spec, bounded_replay=True)
         return spec
