@@ -56,6 +56,7 @@ from .outcome import (
     never_cancelled,
 )
 from .seeded import without_source_constants
+from .sources import project_digest, vllm_digest
 from .vllm_api import AdapterFailure
 
 STATEFUL_STEP_COUNT = 80
@@ -210,28 +211,19 @@ def warm_up(layouts: Iterable[str]) -> float:
 # -- workers -------------------------------------------------------------------------------
 PRELOAD = ("dualbudget.integration.fuzz", "vllm.config", "vllm.v1.core.sched.scheduler")
 """What a local executor's forkserver imports once, before it forks the workers."""
-SCHEDULER_SOURCES = ("v1/core/sched",)
-"""The folders of the vLLM package whose Python decides what the fuzz compares: a worker
-whose copy differs (another release, a source tree under review) is refused."""
 
 
 def vllm_fingerprint() -> str:
-    """The installed vLLM's version and a hash of its scheduler sources: what every worker
-    of a run must share with the driver (``campaign.executor.WorkerMismatch``)."""
-    import hashlib
-
+    """The installed vLLM's version and a hash of the Python that decides its steps
+    (``sources.VLLM_SOURCES``): what every worker of a run must share with the driver
+    (``campaign.executor.WorkerMismatch``), and what a kept campaign's results hold for."""
     from .live import require_vllm
 
     version = require_vllm()
     import vllm
 
-    root = Path(vllm.__file__).parent
-    digest = hashlib.sha256()
-    for folder in SCHEDULER_SOURCES:
-        for path in sorted((root / folder).rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return f"vLLM {version} (scheduler sources {digest.hexdigest()[:12]})"
+    digest = vllm_digest(Path(vllm.__file__).parent)
+    return f"vLLM {version} (sources {digest[:12]})"
 
 
 def warm_worker(layouts: list[str]) -> None:
@@ -347,7 +339,7 @@ def run_fuzz(
         mode = "monitor only" if monitor_only else "lockstep"
         key = (
             f"fuzz of {vllm_fingerprint()}, profile {profile}, scheduler {scheduler_cls},"
-            f" {mode}, unit results v{UNIT_RESULTS_FORMAT}"
+            f" {mode}, unit results v{UNIT_RESULTS_FORMAT}, dualbudget {project_digest()[:12]}"
         )
         try:
             kept = Campaign(campaign, key)
@@ -458,6 +450,7 @@ def draw_for(
     layouts: Sequence[str],
     progress: Callable[[str], None] | None,
     unit: Callable[[UnitPlan], UnitRun] = run_plan,
+    clock: Callable[[], float] = time.monotonic,
 ) -> FuzzResult:
     """A campaign with a time budget: seed after seed from ``first_seed``, each seed's
     units (``plans_of(seed, deadline)``: every layout and aim, round-robin) until
@@ -470,17 +463,21 @@ def draw_for(
 
     Each ``map`` takes ``seeds_per_map`` seeds, enough for two units per worker: a
     worker that finishes waits for the map's last unit, so a map of one seed's units
-    would leave most of a cluster wider than a seed idle."""
-    start = time.monotonic()
+    would leave most of a cluster wider than a seed idle.
+
+    ``clock`` reads the time the budget is spent against: a test gives one that counts
+    its calls, so that how many seeds a budget reaches does not hang on the machine's
+    load."""
+    start = clock()
     end = start + budget_seconds
     batch = seeds_per_map(len(plans_of(first_seed, end)), executor.width)
     seed, ran = first_seed, 0
-    while time.monotonic() < end:
+    while clock() < end:
         before = campaign.ran
         plans = [plan for s in range(seed, seed + batch) for plan in plans_of(s, end)]
         _run_plans(
             plans, executor, campaign, result, progress, start,
-            unit=unit, until=end, stop_at_first=False,
+            unit=unit, until=end, stop_at_first=False, clock=clock,
         )  # fmt: skip
         ran += campaign.ran - before
         seed += batch
@@ -489,7 +486,7 @@ def draw_for(
     )
     kept = merge_campaign(campaign, merged, layouts)
     merged.warm_up_seconds = result.warm_up_seconds
-    merged.seconds = time.monotonic() - start
+    merged.seconds = clock() - start
     if progress:
         progress(
             f"  campaign {campaign.directory}: budget {spoken(budget_seconds)} spent on seeds"
@@ -537,10 +534,11 @@ def _run_plans(
     unit: Callable[[UnitPlan], UnitRun] = run_plan,
     until: float | None = None,
     stop_at_first: bool = True,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Run ``plans`` (each as ``unit(plan)``) on ``executor`` and merge each into
     ``result`` in order, with its progress line; stop at the first unit that stops the
-    run (``stop_at_first``), or at the first that ends after ``time.monotonic()`` passed
+    run (``stop_at_first``), or at the first that ends after ``clock()`` passed
     ``until``: the later units are told to stop, and their results dropped."""
     ids = [unit_id(plan) for plan in plans]
     runs = map_resumed(
@@ -565,7 +563,7 @@ def _run_plans(
                 f"  (total {result.examples} examples, {result.steps} steps,"
                 f" {len(result.divergences)} divergences, {time.monotonic() - start:.0f}s)"
             )
-        if (stop_at_first and result.stopped) or (until is not None and time.monotonic() > until):
+        if (stop_at_first and result.stopped) or (until is not None and clock() > until):
             runs.stop_after(index)
             break
 

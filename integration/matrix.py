@@ -41,6 +41,7 @@ from dualbudget.campaign.store import Campaign, map_resumed
 from dualbudget.spec.errors import BadInput
 
 from .matrix_unit import UNIT_FORMAT, one_line
+from .sources import digest_files, project_digest
 
 ROOT = Path(__file__).resolve().parent.parent
 """The checkout (``integration/`` resolved through ``dualbudget/integration``)."""
@@ -50,10 +51,6 @@ DEFAULT_DOC = Path("docs/release-matrix.md")
 DEFAULT_CACHE = Path(".venv-matrix")
 DEFAULT_CAMPAIGNS = Path("out", "release-matrix")
 """Without ``--campaign``: one campaign per key under this folder."""
-DIGESTED = ("spec", "reference", "integration", "proofs")
-"""The folders whose ``.py`` files (and the proofs' manifest) a unit's result depends on."""
-GENERATED = frozenset({"budget_kernels.py"})
-"""Generated from the digested sources (the compiled build's): not digested itself."""
 BASE_PINS = ("torch==2.13.0+cpu", "xgrammar==0.2.8", "apache-tvm-ffi==0.1.11")
 """What every release environment runs on beside the release (docs/vllm-environments.md):
 the only CPU torch on the index, and the compiled packages vLLM's config imports."""
@@ -163,30 +160,10 @@ def parse_releases(text: str | None, listed: Sequence[Release]) -> list[Release]
 
 
 # -- what a result depends on -----------------------------------------------------------
-def _digest(paths: Iterable[Path], root: Path) -> str:
-    sha = hashlib.sha256()
-    for path in sorted(paths):
-        sha.update(str(path.relative_to(root)).encode() + b"\0")
-        sha.update(path.read_bytes() + b"\0")
-    return sha.hexdigest()
-
-
-def source_digest(root: Path = ROOT) -> str:
-    """A hash of every ``.py`` under spec/ reference/ integration/ proofs/ (and the
-    proofs' manifest, which names the known findings)."""
-    files = [
-        path
-        for folder in DIGESTED
-        for path in (root / folder).rglob("*.py")
-        if path.name not in GENERATED and "__pycache__" not in path.parts
-    ]
-    return _digest([*files, root / "proofs" / "manifest.toml"], root)
-
-
 def environment_digest(root: Path = ROOT) -> str:
     """A hash of what every release environment is built from besides the release."""
     locks = [root / "requirements" / name for name in ("pip.lock", *ENV_LOCKS)]
-    return hashlib.sha256((_digest(locks, root) + " ".join(BASE_PINS)).encode()).hexdigest()
+    return hashlib.sha256((digest_files(locks, root) + " ".join(BASE_PINS)).encode()).hexdigest()
 
 
 def campaign_key(examples: int, seed: int, root: Path = ROOT) -> str:
@@ -196,7 +173,7 @@ def campaign_key(examples: int, seed: int, root: Path = ROOT) -> str:
         {
             "command": "matrix",
             "format": UNIT_FORMAT,
-            "source": source_digest(root),
+            "source": project_digest(root),
             "environment": environment_digest(root),
             "examples": examples,
             "seed": seed,
@@ -348,7 +325,7 @@ def run_release(unit: ReleaseUnit) -> dict[str, Any]:
             shutil.rmtree(venv, ignore_errors=True)
     doc["build_seconds"] = build_seconds
     doc["command"] = unit.command
-    doc["source"] = source_digest(root)[:12]
+    doc["source"] = project_digest(root)[:12]
     return doc
 
 

@@ -265,11 +265,13 @@ def run_mutate_stage(options: MutateOptions) -> int:
     )
     start = time.monotonic()
     from .fuzz import fuzz_executor, vllm_fingerprint
+    from .sources import project_digest
 
     kept = None
     if options.campaign is not None:
         key = (
-            f"mutate of {vllm_fingerprint()}, {profile}, {plan.examples} examples, seed {plan.seed}"
+            f"mutate of {vllm_fingerprint()}, {profile}, {plan.examples} examples,"
+            f" seed {plan.seed}, dualbudget {project_digest()[:12]}"
         )
         try:
             kept = Campaign(options.campaign, key)

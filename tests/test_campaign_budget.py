@@ -26,6 +26,21 @@ EXAMPLES = 2 * len(AIMS)
 """Per seed: every (layout, aim) a unit of one example or more."""
 PRELOAD = ("tests.executor_units",)
 """Imported once, in the workers' forkserver: no unit pays the import in the budget."""
+PER_SEED = len(shares(EXAMPLES, LAYOUTS))
+"""Units a seed has: one tick of ``Ticks`` each."""
+
+
+class Ticks:
+    """A clock that reads one second later at each call: ``draw_for`` reads it once per
+    unit merged and once per map, so a budget reaches the same units on any machine,
+    loaded or not (the units themselves still run on real workers)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
 
 
 def _plans_of(out: Path) -> Callable[[int, float], list[UnitPlan]]:
@@ -61,7 +76,7 @@ def _draw(directory: Path, budget: float, jobs: int) -> tuple[FuzzResult, int]:
         result = FuzzResult(profile="vllm-0.33", vllm_version="0.33.0")
         merged = draw_for(
             budget, _plans_of(out), 0, executor, campaign, result, LAYOUTS, lines.append,
-            unit=fuzz_unit,
+            unit=fuzz_unit, clock=Ticks(),
         )  # fmt: skip
         assert lines[-1].startswith(f"  campaign {directory}: budget {spoken(budget)} spent")
         return merged, campaign.ran
@@ -76,13 +91,14 @@ def _seed(unit: str) -> int:
 
 
 def test_a_budget_draws_seeds_until_spent_and_merges_the_whole_campaign(tmp_path: Path) -> None:
-    per_seed = len(shares(EXAMPLES, LAYOUTS))
-    merged, ran = _draw(tmp_path, 2.0, 2)
+    # Two whole seeds and the start of a third: a map (one seed here) per clock read, then
+    # a unit per read until the budget is spent.
+    merged, ran = _draw(tmp_path, 2 * (PER_SEED + 1) + 5, 2)
     runs = _ran(tmp_path)
     seeds = sorted({_seed(u) for u in runs})
     # Past seed 1, whose first unit diverged: a divergence stops its unit, not the campaign.
     assert seeds[:3] == [0, 1, 2]
-    assert ran >= 2 * per_seed
+    assert 2 * PER_SEED < ran < 3 * PER_SEED
     assert [d.seed for d in merged.divergences] == [1]
     # Every kept unit, merged: seed 0's units all ran whole (EXAMPLES examples), seed 1's
     # first unit one example.
@@ -100,10 +116,12 @@ def _kept(directory: Path) -> dict[str, UnitRun]:
 
 
 def test_a_rerun_goes_on_after_the_units_kept(tmp_path: Path) -> None:
-    first, ran_first = _draw(tmp_path, 1.0, 1)
+    first, ran_first = _draw(tmp_path, PER_SEED + 8, 1)
     kept_first = _kept(tmp_path)
     assert len(kept_first) == ran_first == len(_ran(tmp_path))
-    again, ran_again = _draw(tmp_path, 2.0, 2)
+    # A kept unit costs no work but a clock read: this budget passes the two seeds begun
+    # and starts a third.
+    again, ran_again = _draw(tmp_path, 3 * (PER_SEED + 1) + 5, 2)
     kept = _kept(tmp_path)
     new = set(kept) - set(kept_first)
     assert len(new) == ran_again > 0

@@ -16,6 +16,7 @@ import pytest
 
 from dualbudget.integration import matrix
 from dualbudget.integration.matrix_unit import UNIT_FORMAT, UnitArgs, _fuzz_of, refusal, run_unit
+from dualbudget.integration.sources import DIGESTED
 from dualbudget.integration.vllm_api import AdapterFailure
 from dualbudget.spec.errors import BadInput
 
@@ -161,7 +162,7 @@ def test_a_unit_file_out_of_its_format_is_refused(broken: dict[str, Any]) -> Non
 
 def _fake_root(tmp_path: Path) -> Path:
     root = tmp_path / "root"
-    for folder in matrix.DIGESTED:
+    for folder in DIGESTED:
         (root / folder).mkdir(parents=True)
         (root / folder / "a.py").write_text(f"# {folder}\n")
     (root / "proofs" / "manifest.toml").write_text("")

@@ -1,0 +1,70 @@
+"""What a kept result depends on, as digests: the project's own sources and the installed
+vLLM's Python that decides a step.
+
+A campaign (``campaign.store``) reuses a unit's result only under the same key, so the key
+must change with everything the result depends on: the reference, the spec and the
+adapter (``project_digest``), and every vLLM module a step's decision passes through, the
+scheduler's package, the KV managers and block pool beside it, the request, the outputs
+and the config (``vllm_digest``), not the scheduler's folder alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout (``integration/`` resolved through ``dualbudget/integration``), or the
+installed package."""
+DIGESTED = ("spec", "reference", "integration", "proofs")
+"""The folders whose ``.py`` files (and the proofs' manifest) a result depends on."""
+GENERATED = frozenset({"budget_kernels.py"})
+"""Generated from the digested sources (the compiled build's): not digested itself."""
+VLLM_SOURCES = (
+    "v1/core",
+    "v1/request.py",
+    "v1/outputs.py",
+    "v1/kv_cache_interface.py",
+    "v1/structured_output",
+    "config",
+)
+"""The parts of the vLLM package, folders or files, whose Python decides a step that the
+fuzz compares: the scheduler and the KV managers and block pool of ``v1/core``, the
+request and output types, the KV specs, structured output's grammar bookkeeping and the
+config's defaults."""
+
+
+def digest_files(paths: Iterable[Path], root: Path) -> str:
+    """A hash of each file's path under ``root`` and its bytes, in path order."""
+    sha = hashlib.sha256()
+    for path in sorted(paths):
+        sha.update(path.relative_to(root).as_posix().encode() + b"\0")
+        sha.update(path.read_bytes() + b"\0")
+    return sha.hexdigest()
+
+
+def python_files(root: Path, parts: Iterable[str]) -> list[Path]:
+    """The ``.py`` files of ``parts`` under ``root`` (a folder's, recursively, or the file
+    itself); a part ``root`` lacks adds nothing (an older release's layout)."""
+    files: list[Path] = []
+    for part in parts:
+        path = root / part
+        if path.is_dir():
+            files += [p for p in path.rglob("*.py") if "__pycache__" not in p.parts]
+        elif path.is_file():
+            files.append(path)
+    return files
+
+
+def project_digest(root: Path = ROOT) -> str:
+    """A hash of every ``.py`` under spec/ reference/ integration/ proofs/ (generated ones
+    aside) and the proofs' manifest, which names the known findings."""
+    files = [path for path in python_files(root, DIGESTED) if path.name not in GENERATED]
+    return digest_files([*files, root / "proofs" / "manifest.toml"], root)
+
+
+def vllm_digest(package: Path) -> str:
+    """A hash of ``VLLM_SOURCES`` in the vLLM package folder ``package`` (through an
+    overlay's links under ``--vllm-src``: the tree's bytes)."""
+    return digest_files(python_files(package, VLLM_SOURCES), package)
