@@ -27,7 +27,7 @@ def step_checked() -> tuple[str, ...]:
     monitor's (``integration.monitor.MONITORED``): the only breaks a fuzz can find."""
     from dualbudget.integration.monitor import MONITORED
 
-    return tuple(sorted({*REFERENCE_CHECKED, *MONITORED}))
+    return tuple(sorted({*REFERENCE_CHECKED, *MONITORED}, key=lambda item: int(item[1:])))
 
 
 OF_THE_CONFIG = ("C4-converse",)

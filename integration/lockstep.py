@@ -229,7 +229,12 @@ class LiveRun:
         """The monitor's verdict on the live step just made (before any comparison, so
         that a diverging step is judged too)."""
         seen = step_seen(
-            self.live.scheduler, live.step, live.num_scheduled_tokens, live.preempted, wanted
+            self.live.scheduler,
+            live.step,
+            live.num_scheduled_tokens,
+            live.preempted,
+            wanted,
+            live.scheduled_spec_tokens,
         )
         return self.monitor.judge(seen)
 

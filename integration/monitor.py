@@ -56,6 +56,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dualbudget.spec.books import (
+    RequestBooks,
+    drafts_within_rows,
+    placeholders_kept,
+    preemption_released,
+    slots_ahead,
+    within_length,
+)
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.invariants import (
     buffer_peak_ok,
@@ -65,7 +73,11 @@ from dualbudget.spec.invariants import (
 )
 from dualbudget.spec.policies import StepParams
 
-MONITORED = ("C3", "C4", "C5")
+from .books import books_after, sampled_per_step
+
+BOOKS_MONITORED = ("C7", "C8", "C9", "C10", "C11")
+"""The scheduler's books (``spec.contract.BOOKS``), all checked on every live step."""
+MONITORED = ("C3", "C4", "C5", *BOOKS_MONITORED)
 """The contract items the monitor checks on every live step."""
 
 
@@ -112,6 +124,11 @@ class StepSeen:
     judged)."""
     aligned_split: bool = False
     """vLLM splits chunks at Mamba block boundaries: cuts are not judged (C5)."""
+    books: Mapping[str, RequestBooks] | None = None
+    """Every request's books around the step (C7-C11); None: not read (a stand-in
+    scheduler), and the books are not judged."""
+    sampled: int = 1
+    """Tokens a decode step samples per request (vLLM's ``num_sampled_tokens_per_step``)."""
 
 
 class Monitor:
@@ -144,7 +161,7 @@ class Monitor:
 
     def judge(self, seen: StepSeen) -> list[MonitorViolation]:
         """The violations of ``seen``; also kept in ``violations``."""
-        found = self._c3(seen) + self._c4(seen) + self._c5(seen)
+        found = self._c3(seen) + self._c4(seen) + self._c5(seen) + self._books(seen)
         self.in_flight = self.config.async_scheduling and bool(seen.scheduled)
         self.steps += 1
         self.violations += found
@@ -253,6 +270,59 @@ class Monitor:
                 )
         return found
 
+    def _books(self, seen: StepSeen) -> list[MonitorViolation]:
+        """C7-C11 on every request's books, one violation per item and request."""
+        if seen.books is None:
+            return []
+        config = self.config
+        checks: tuple[tuple[str, Callable[[RequestBooks], bool]], ...] = (
+            (
+                "C7",
+                lambda b: placeholders_kept(
+                    b, async_scheduling=config.async_scheduling, sampled=seen.sampled
+                ),
+            ),
+            (
+                "C8",
+                lambda b: drafts_within_rows(
+                    b, num_speculative_tokens=config.num_speculative_tokens
+                ),
+            ),
+            (
+                "C9",
+                lambda b: slots_ahead(
+                    b,
+                    num_lookahead_tokens=self.num_lookahead_tokens,
+                    max_model_len=config.max_model_len,
+                ),
+            ),
+            (
+                "C10",
+                lambda b: within_length(
+                    b, max_model_len=config.max_model_len, sampled=seen.sampled
+                ),
+            ),
+            ("C11", preemption_released),
+        )
+        found = []
+        for rid, books in seen.books.items():
+            for contract, holds in checks:
+                if not holds(books):
+                    found.append(MonitorViolation(contract, seen.step, _books_line(rid, books)))
+        return found
+
+
+def _books_line(rid: str, books: RequestBooks) -> str:
+    """One request's books, as a violation's message names them."""
+    return (
+        f"request {rid}: scheduled {books.scheduled} with {books.drafts} drafts,"
+        f" placeholders {books.placeholders_before} -> {books.placeholders_after},"
+        f" stale {books.stale_after}, computed {books.computed_after} of {books.tokens}"
+        f" tokens, slots {books.slots_after}, blocks {books.blocks_after},"
+        f" drafts held {books.drafts_after}"
+        + (f", preempted (waiting: {books.waiting_after})" if books.preempted else "")
+    )
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -316,10 +386,18 @@ def step_seen(
     scheduled: Mapping[str, int],
     preempted: Sequence[str],
     before: Mapping[str, Wanted],
+    drafts: Mapping[str, int] | None = None,
 ) -> StepSeen:
     """The step vLLM's ``scheduler`` just made, with ``before`` (``wanted_before``) made
     exact: a scheduled request's computed tokens are read back as vLLM's
-    ``schedule()`` found them (after its prefix-cache hits), its count less ``q``."""
+    ``schedule()`` found them (after its prefix-cache hits), its count less ``q``. With
+    ``drafts`` (the step's scheduled draft tokens per request), the books are read too
+    (``books.books_after``)."""
+    sizes = block_sizes(scheduler)
+    books = None
+    if drafts is not None:
+        placeholders = {rid: w.num_output_placeholders for rid, w in before.items()}
+        books = books_after(scheduler, scheduled, drafts, preempted, placeholders, sizes)
     wanted = dict(before)
     for rid, q in scheduled.items():
         request = scheduler.requests.get(rid)
@@ -333,6 +411,8 @@ def step_seen(
         wanted=wanted,
         free_blocks=int(scheduler.kv_cache_manager.block_pool.get_num_free_blocks()),
         num_running=sum(1 for w in before.values() if w.running),
-        block_sizes=block_sizes(scheduler),
+        block_sizes=sizes,
         aligned_split=bool(getattr(scheduler, "need_mamba_block_aligned_split", False)),
+        books=books,
+        sampled=sampled_per_step(scheduler),
     )

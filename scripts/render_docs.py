@@ -30,7 +30,7 @@ from dualbudget.reference.deployments import deployments_markdown
 from dualbudget.reference.scenario import scenario_markdown
 from dualbudget.reference.settings import settings_markdown
 from dualbudget.reference.trace_schema import step_record_markdown, trace_markdown
-from dualbudget.spec.contract import CONTRACT, ContractItem, contract_markdown
+from dualbudget.spec.contract import CONTRACT, ContractItem, books_markdown, contract_markdown
 from dualbudget.spec.methods import LAYOUTS, MethodLayout, PerK
 from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
 from dualbudget.spec.releases import RELEASES
@@ -299,6 +299,7 @@ def _row(cells: list[str]) -> str:
 RENDERERS: dict[str, Callable[[], str]] = {
     "contract": contract_markdown,
     "contract-map": contract_map,
+    "books": books_markdown,
     "dominance-chain": dominance_chain,
     "strengthenings": strengthening_table,
     "findings": findings_table,
@@ -319,6 +320,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "docs/design.md": (
         "contract",
         "contract-map",
+        "books",
         "methods",
         "profiles",
         "modules",

@@ -1,4 +1,5 @@
-"""The contract C1-C6: what every budget policy must guarantee, every step.
+"""The contract: C1-C6, what every budget policy must guarantee, every step, and C7-C11,
+the scheduler's books that any vLLM must keep beside its budgets.
 
 This module is the contract's one home. ``CONTRACT`` holds each item as data (its id, its
 name and one sentence); the README, the proofs' README, the design document and the
@@ -26,6 +27,9 @@ class ContractItem:
     kind: str
     """``safety`` (broken: a wrong or unsafe step) or ``efficiency`` (broken: capacity
     left unused, never a crash)."""
+    source: str = ""
+    """Where in vLLM the item comes from (its assertion, comment or code path), for the
+    items about the scheduler's books; the budget items come from the buffer model."""
 
 
 CONTRACT: tuple[ContractItem, ...] = (
@@ -73,14 +77,83 @@ CONTRACT: tuple[ContractItem, ...] = (
 )
 CONTRACT_IDS: tuple[str, ...] = tuple(item.id for item in CONTRACT)
 
+BOOKS: tuple[ContractItem, ...] = (
+    ContractItem(
+        "C7",
+        "placeholders",
+        "no request's output placeholders or stale output tokens are ever negative; under"
+        " async scheduling a request whose step reaches the end of its known tokens (not a"
+        " prefill chunk) gains exactly one placeholder for the token it samples plus one per"
+        " draft scheduled with it, a request not scheduled keeps its own (none once"
+        " preempted), and without async scheduling no request holds any.",
+        "safety",
+        "vLLM's AsyncScheduler._update_after_schedule (the placeholders it adds), the"
+        " assertion num_stale_output_tokens >= 0 in update_from_output (0.34).",
+    ),
+    ContractItem(
+        "C8",
+        "drafts within rows",
+        "the draft tokens scheduled with a request are at most num_speculative_tokens and"
+        " fewer than the tokens scheduled for it: every draft verified has a row of its own"
+        " after the row of its last verified token.",
+        "safety",
+        "vLLM's schedule(), which trims spec_token_ids to the scheduled tokens; the model"
+        " runner reads the drafts as the last rows of the request's scheduled tokens.",
+    ),
+    ContractItem(
+        "C9",
+        "slots ahead",
+        "every scheduled request holds KV slots, in every KV group, for all its computed"
+        " tokens after the step plus the drafting lookahead (num_lookahead_tokens), capped"
+        " at max_model_len.",
+        "safety",
+        "vLLM's KVCacheManager.allocate_slots (num_lookahead_tokens, the max_model_len cap)"
+        " and the scheduler's comment that the drafter writes those slots.",
+    ),
+    ContractItem(
+        "C10",
+        "length cap",
+        "no scheduled position passes max_model_len (a request's computed tokens after the"
+        " step are at most max_model_len), and a step that verifies drafts leaves room"
+        " within max_model_len for the token it samples.",
+        "safety",
+        "vLLM's schedule(), which caps num_new_tokens at max_model_len less the computed"
+        " tokens and the sampled token, 'necessary when using spec decoding'.",
+    ),
+    ContractItem(
+        "C11",
+        "preemption",
+        "a request preempted in a step is not scheduled in it and leaves it with no KV"
+        " blocks in its table, no computed tokens, no drafts and no output placeholders,"
+        " back in the waiting queue.",
+        "safety",
+        "vLLM's Scheduler._preempt_request (blocks freed, num_computed_tokens = 0,"
+        " spec_token_ids and placeholders cleared, the request prepended to waiting).",
+    ),
+)
+"""The contract's second family: the scheduler's books beside the budgets, judged by the
+monitor on every live step of any vLLM (``integration.books``) from vLLM's own state,
+never by agreement with the reference. Their predicates are ``spec.books``."""
+BOOKS_IDS: tuple[str, ...] = tuple(item.id for item in BOOKS)
+
 
 def contract_item(contract_id: str) -> ContractItem:
-    for item in CONTRACT:
+    for item in CONTRACT + BOOKS:
         if item.id == contract_id:
             return item
-    raise KeyError(f"unknown contract item {contract_id!r} (known: {', '.join(CONTRACT_IDS)})")
+    raise KeyError(
+        f"unknown contract item {contract_id!r} (known: {', '.join(CONTRACT_IDS + BOOKS_IDS)})"
+    )
 
 
 def contract_markdown() -> str:
     """The contract as a Markdown list, one item a line: the text every document shows."""
     return "".join(f"- **{item.id} {item.name}**: {item.statement}\n" for item in CONTRACT)
+
+
+def books_markdown() -> str:
+    """The scheduler's books as a Markdown list, each item with where in vLLM it comes
+    from."""
+    return "".join(
+        f"- **{item.id} {item.name}**: {item.statement} *From:* {item.source}\n" for item in BOOKS
+    )

@@ -22,7 +22,7 @@ from dualbudget.integration.monitor import (
     wanted_before,
 )
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
-from dualbudget.spec.contract import CONTRACT_IDS
+from dualbudget.spec.contract import BOOKS_IDS, CONTRACT_IDS
 from dualbudget.spec.methods import layout_named
 
 K = 2
@@ -75,7 +75,8 @@ def contracts(monitor: Monitor, step: StepSeen) -> list[str]:
 
 
 def test_the_monitor_checks_contract_items() -> None:
-    assert set(MONITORED) <= set(CONTRACT_IDS)
+    assert set(MONITORED) <= set(CONTRACT_IDS + BOOKS_IDS)
+    assert set(BOOKS_IDS) <= set(MONITORED)
 
 
 # -- C3 ------------------------------------------------------------------------------------

@@ -326,6 +326,104 @@ class PaddingKeptWhole(ast.NodeTransformer):
         return node
 
 
+# -- the scheduler's books, each broken by one planted edit -----------------------------
+# One small edit of vLLM's own code per item of C7-C11 (spec/contract.py BOOKS), found in
+# every release from 0.32 on; ``books_broken_tree`` plants one of them.
+
+
+class _OneEdit(ast.NodeTransformer):
+    """Counts what it changes (``transform`` asserts it changed something)."""
+
+    def __init__(self) -> None:
+        self.changed = 0
+
+
+class DraftPlaceholdersForgotten(_OneEdit):
+    """C7: ``AsyncScheduler`` adds a placeholder for the sampled token but none for the
+    drafts scheduled with it."""
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> ast.AugAssign:
+        value = node.value
+        if (
+            isinstance(node.target, ast.Attribute)
+            and node.target.attr == "num_output_placeholders"
+            and isinstance(value, ast.BinOp)
+            and _name(value.right, "cur_num_spec_tokens")
+        ):
+            self.changed += 1
+            node.value = value.left
+        return node
+
+
+class DraftsUntrimmed(_OneEdit):
+    """C8: a request cut below 1 + K tokens keeps one draft more than its rows hold."""
+
+    def visit_Assign(self, node: ast.Assign) -> ast.Assign:
+        if len(node.targets) == 1 and _name(node.targets[0], "num_scheduled_spec_tokens"):
+            self.changed += 1
+            node.value = ast.BinOp(node.value, ast.Add(), ast.Constant(1))
+        return node
+
+
+class LookaheadSlotsForgotten(_OneEdit):
+    """C9: a running request's blocks are allocated without the drafting lookahead."""
+
+    def visit_keyword(self, node: ast.keyword) -> ast.keyword:
+        if node.arg == "num_lookahead_tokens" and (
+            ast.unparse(node.value) == "self.num_lookahead_tokens"
+        ):
+            self.changed += 1
+            node.value = ast.Constant(0)
+        return node
+
+
+class SampledRoomForgotten(_OneEdit):
+    """C10: the length cap leaves no room for the token a step samples."""
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        self.generic_visit(node)
+        if (
+            isinstance(node.op, ast.Sub)
+            and ast.unparse(node.right) == "self.num_sampled_tokens_per_step"
+            and ast.unparse(node.left).startswith("self.max_model_len")
+        ):
+            self.changed += 1
+            return node.left
+        return node
+
+
+class ComputedKeptOnPreemption(_OneEdit):
+    """C11: a preempted request keeps its computed tokens."""
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        if node.name != "_preempt_request":
+            return node
+        kept = [
+            stmt for stmt in node.body if ast.unparse(stmt) != "request.num_computed_tokens = 0"
+        ]
+        self.changed += len(node.body) - len(kept)
+        node.body = kept
+        return node
+
+
+BOOKS_BROKEN: dict[str, tuple[str, type[_OneEdit]]] = {
+    "C7": ("v1/core/sched/async_scheduler.py", DraftPlaceholdersForgotten),
+    "C8": (SCHEDULER_MODULE, DraftsUntrimmed),
+    "C9": (SCHEDULER_MODULE, LookaheadSlotsForgotten),
+    "C10": (SCHEDULER_MODULE, SampledRoomForgotten),
+    "C11": (SCHEDULER_MODULE, ComputedKeptOnPreemption),
+}
+"""Each item of the books, the module its planted edit changes and the edit."""
+
+
+def books_broken_tree(dest: Path, version: str, item: str) -> Path:
+    """The installed sources with ``item``'s planted edit (``BOOKS_BROKEN``), made once."""
+    module, edit = BOOKS_BROKEN[item]
+    tree = copy_installed_sources(dest, version)
+    assert transform(tree, module, edit()) == 1, f"{item}: the edit found no single place"
+    return tree
+
+
 CONFIG_MODULE = "config/vllm.py"
 
 

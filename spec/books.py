@@ -1,0 +1,105 @@
+"""The predicates of the scheduler's books (C7-C11 of ``contract.BOOKS``), over one
+request's books around one step as any vLLM keeps them.
+
+The budget items C1-C6 are stated over ``arith`` so that the proofs can run them on z3
+terms; these are about how an implementation keeps its books, not about a policy's
+arithmetic, so they are plain predicates over ints that the monitor evaluates on every
+live step (``integration.books`` reads vLLM into ``RequestBooks``). Each returns True when
+its item holds for the request; each docstring opens with its item's id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RequestBooks:
+    """One unfinished request's books just before and just after one ``schedule()``."""
+
+    scheduled: int
+    """Tokens scheduled for it in the step (``num_scheduled_tokens``; 0: not scheduled)."""
+    drafts: int
+    """Draft tokens scheduled with it (``scheduled_spec_decode_tokens``)."""
+    tokens: int
+    """Its known tokens (``num_tokens``: prompt and accepted output), which a step does
+    not change."""
+    placeholders_before: int
+    placeholders_after: int
+    """``num_output_placeholders``: tokens of its output still in flight (async)."""
+    stale_after: int
+    """``num_stale_output_tokens`` after the step (0 where the release has none)."""
+    computed_after: int
+    """``num_computed_tokens`` after the step (the scheduler advances it by ``scheduled``)."""
+    slots_after: tuple[int, ...] | None
+    """Per KV group, the token slots its block table holds after the step (blocks times
+    the group's block size); None where a group's blocks do not bound its slots (Mamba's
+    state blocks)."""
+    preempted: bool
+    """Preempted in the step."""
+    waiting_after: bool
+    """In the waiting queue after the step."""
+    drafts_after: int
+    """``len(spec_token_ids)`` after the step."""
+    blocks_after: int
+    """Blocks in its tables after the step, summed over the KV groups."""
+
+
+def placeholders_kept(books: RequestBooks, *, async_scheduling: bool, sampled: int) -> bool:
+    """C7 placeholders: never negative; gained, under async scheduling, by exactly the
+    token sampled plus the drafts scheduled when the step reaches the end of the request's
+    known tokens; otherwise kept (none once preempted); none at all without async
+    scheduling. ``sampled``: tokens a decode step samples per request (vLLM's
+    ``num_sampled_tokens_per_step``, 1 for a model that samples one token)."""
+    if min(books.placeholders_before, books.placeholders_after, books.stale_after) < 0:
+        return False
+    if not async_scheduling:
+        return books.placeholders_after == 0
+    if books.preempted:
+        return books.placeholders_after == 0
+    reaches_end = books.computed_after >= books.tokens + books.placeholders_before
+    gained = sampled + books.drafts if books.scheduled and reaches_end else 0
+    return books.placeholders_after == books.placeholders_before + gained
+
+
+def drafts_within_rows(books: RequestBooks, *, num_speculative_tokens: int) -> bool:
+    """C8 drafts within rows: at most ``num_speculative_tokens`` drafts, and fewer than
+    the tokens scheduled (a request scheduled nothing verifies none)."""
+    if books.drafts == 0:
+        return True
+    return books.drafts <= num_speculative_tokens and books.drafts < books.scheduled
+
+
+def slots_ahead(books: RequestBooks, *, num_lookahead_tokens: int, max_model_len: int) -> bool:
+    """C9 slots ahead: a scheduled request's tables hold, in every group, slots for its
+    computed tokens after the step plus the drafting lookahead, capped at
+    ``max_model_len``; not judged where the slots are not bounded by its blocks."""
+    if not books.scheduled or books.slots_after is None:
+        return True
+    needed = min(books.computed_after + num_lookahead_tokens, max_model_len)
+    return all(slots >= needed for slots in books.slots_after)
+
+
+def within_length(books: RequestBooks, *, max_model_len: int, sampled: int) -> bool:
+    """C10 length cap: no scheduled position at or past ``max_model_len``; with drafts
+    scheduled, room within it for the ``sampled`` tokens too."""
+    if not books.scheduled:
+        return True
+    if books.computed_after > max_model_len:
+        return False
+    return books.drafts == 0 or books.computed_after + sampled <= max_model_len
+
+
+def preemption_released(books: RequestBooks) -> bool:
+    """C11 preemption: a request preempted in the step was not scheduled in it, holds no
+    blocks, no computed tokens, no drafts and no placeholders, and waits."""
+    if not books.preempted:
+        return True
+    return (
+        books.scheduled == 0
+        and books.blocks_after == 0
+        and books.computed_after == 0
+        and books.drafts_after == 0
+        and books.placeholders_after == 0
+        and books.waiting_after
+    )
