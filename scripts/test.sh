@@ -55,7 +55,7 @@ for version in $(vllm_releases); do
   echo "== vLLM $version environment"
   ensure_vllm_env "$version"
   echo "== live tests against vLLM $version"
-  ".venv-vllm-$version/bin/pytest" -m live tests
+  ".venv-vllm-$version/bin/pytest" -m live --durations=12 tests
   echo "== lockstep fuzz against vLLM $version (seed 1)"
   ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 \
     --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"
