@@ -38,6 +38,7 @@ from typing import Any
 
 from dualbudget.campaign.executor import executor_for
 from dualbudget.campaign.store import Campaign, map_resumed
+from dualbudget.spec.contract import BOOKS
 from dualbudget.spec.errors import BadInput
 
 from .matrix_unit import UNIT_FORMAT, one_line
@@ -65,6 +66,7 @@ COLUMNS = (
     "profile (by decisions)",
     "fuzz verdict",
     "findings",
+    *(f"{item.id} {item.name}" for item in BOOKS),
     "refused / not built",
     "checked steps",
     "seconds (check + build)",
@@ -493,9 +495,14 @@ def _profile_cell(detection: dict[str, Any] | None) -> str:
     )
 
 
+BOOK_IDS = frozenset(item.id for item in BOOKS)
+
+
 def _findings_cell(fuzz: dict[str, Any]) -> str:
     monitor = fuzz.get("monitor") or {}
-    counts = ", ".join(f"{c} {n}" for c, n in (monitor.get("counts") or {}).items())
+    counts = ", ".join(
+        f"{c} {n}" for c, n in (monitor.get("counts") or {}).items() if c not in BOOK_IDS
+    )
     parts = [f"divergences {fuzz.get('divergences', 0)}"]
     parts.append(f"monitor {counts or '-'} ({monitor.get('new', 0)} new)")
     findings = fuzz.get("findings") or {}
@@ -505,6 +512,17 @@ def _findings_cell(fuzz: dict[str, Any]) -> str:
     if crashes:
         parts.append(f"crashes {crashes}")
     return "; ".join(parts)
+
+
+def _book_cells(fuzz: dict[str, Any]) -> list[str]:
+    """Per book item, its violations of the request-steps it was judged on; ``-`` where
+    the unit was run before the monitor judged the books."""
+    monitor = fuzz.get("monitor") or {}
+    judged = monitor.get("books_judged")
+    if judged is None:
+        return ["-" for _ in BOOKS]
+    counts = monitor.get("counts") or {}
+    return [f"{counts.get(item.id, 0)} of {judged.get(item.id, 0)}" for item in BOOKS]
 
 
 def _refusals_cell(fuzz: dict[str, Any]) -> str:
@@ -537,7 +555,7 @@ def row_of(doc: dict[str, Any]) -> list[str]:
         what = "not built" if stage == "build" else f"refused at {stage}"
         return [
             release, _profile_cell(doc.get("detection")), f"{what}: {doc['refused']}",
-            "-", "-", "-", seconds,
+            "-", *["-" for _ in BOOKS], "-", "-", seconds,
         ]  # fmt: skip
     fuzz = doc["fuzz"]
     return [
@@ -545,6 +563,7 @@ def row_of(doc: dict[str, Any]) -> list[str]:
         _profile_cell(doc["detection"]),
         ZERO_COVERAGE.sub(_zero_count, fuzz["verdict"]),
         _findings_cell(fuzz),
+        *_book_cells(fuzz),
         _refusals_cell(fuzz),
         str(fuzz["steps"]),
         seconds,
@@ -554,7 +573,8 @@ def row_of(doc: dict[str, Any]) -> list[str]:
 def row_line(doc: dict[str, Any]) -> str:
     """One line per release for the run's progress."""
     cells = row_of(doc)
-    return f"{doc['release']}: {cells[2]} ({cells[5]} steps, {cells[6]} s); profile {cells[1]}"
+    steps, seconds = cells[-2], cells[-1]
+    return f"{doc['release']}: {cells[2]} ({steps} steps, {seconds} s); profile {cells[1]}"
 
 
 def render_table(docs: Sequence[dict[str, Any]]) -> str:

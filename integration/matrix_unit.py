@@ -76,6 +76,7 @@ def _fuzz_of(full: dict[str, Any]) -> dict[str, Any]:
     }
     kept["monitor"] = {
         "counts": monitor.get("counts", {}),
+        "books_judged": monitor.get("books_judged", {}),
         "new": monitor.get("new", 0),
         "violations": len(monitor.get("violations") or []),
     }

@@ -155,6 +155,9 @@ class Monitor:
         self.num_lookahead_tokens = num_lookahead_tokens
         self.violations: list[MonitorViolation] = []
         self.steps = 0
+        self.books_judged: dict[str, int] = dict.fromkeys(BOOKS_MONITORED, 0)
+        """Per book item, the request-steps it was judged on (C9: those whose slots are
+        bounded by their blocks): what a count of no violation stands on."""
         self.in_flight = False
         """Async scheduling: the last step judged scheduled something, so its output is
         still in flight while the next step schedules."""
@@ -307,6 +310,8 @@ class Monitor:
         found = []
         for rid, books in seen.books.items():
             for contract, holds in checks:
+                if contract != "C9" or books.slots_after is not None:
+                    self.books_judged[contract] += 1
                 if not holds(books):
                     found.append(MonitorViolation(contract, seen.step, _books_line(rid, books)))
         return found

@@ -144,6 +144,8 @@ class Outcome:
     with its scenario file."""
     monitor_counts: dict[str, int] = field(default_factory=dict)
     """Per contract item, every violation the monitor saw (known ones included)."""
+    books_judged: dict[str, int] = field(default_factory=dict)
+    """Per book item (C7-C11), the request-steps the monitor judged it on."""
     stopped_by_time: bool = False
     seconds: float = 0.0
     """Wall time: of a unit's Hypothesis run; of a whole fuzz, after its warm-up."""
@@ -156,9 +158,11 @@ class Outcome:
     def unknown_monitor_findings(self) -> list[Finding]:
         return [f for f in self.monitor_findings if not f.known]
 
-    def count_monitor(self, counts: dict[str, int]) -> None:
+    def count_monitor(self, counts: dict[str, int], judged: dict[str, int]) -> None:
         for contract, n in counts.items():
             self.monitor_counts[contract] = self.monitor_counts.get(contract, 0) + n
+        for contract, n in judged.items():
+            self.books_judged[contract] = self.books_judged.get(contract, 0) + n
 
     @property
     def stopped(self) -> bool:
@@ -244,7 +248,9 @@ class UnitRun(Outcome):
             counts[violation.contract] = counts.get(violation.contract, 0) + 1
         new = self._take(lock, lock.monitor.violations, monitor=True)
         lock.monitor.violations.clear()
-        self.count_monitor(counts)
+        judged = lock.monitor.books_judged
+        self.count_monitor(counts, judged)
+        lock.monitor.books_judged = dict.fromkeys(judged, 0)
         self.monitor_findings += new
         return new
 
@@ -298,23 +304,29 @@ class FuzzResult(Outcome):
 
     def monitor_json(self) -> dict[str, Any]:
         """The monitor's section of the fuzz's JSON: per contract item its count, and
-        each violation kept (``manifest finding``: the manifest's name when known)."""
-        from .monitor import MONITORED
+        each violation kept (``manifest finding``: the manifest's name when known), and
+        the request-steps each book item was judged on."""
+        from .monitor import BOOKS_MONITORED, MONITORED
 
         return {
             "alone": self.monitor_only,
             "checked": list(MONITORED),
             "counts": {c: self.monitor_counts.get(c, 0) for c in MONITORED},
+            "books_judged": {c: self.books_judged.get(c, 0) for c in BOOKS_MONITORED},
             "new": len(self.unknown_monitor_findings),
             "violations": [f.to_json() for f in self.monitor_findings],
         }
 
     def monitor_summary(self) -> str:
         """The monitor's lines of the verdict: its counts, then each violation kept."""
-        from .monitor import MONITORED
+        from .monitor import BOOKS_MONITORED, MONITORED
 
         counts = ", ".join(f"{c} {self.monitor_counts.get(c, 0)}" for c in MONITORED)
-        lines = [f"contract monitor (every live step, without the reference): {counts}"]
+        judged = ", ".join(f"{c} {self.books_judged.get(c, 0)}" for c in BOOKS_MONITORED)
+        lines = [
+            f"contract monitor (every live step, without the reference): {counts}",
+            f"  the books judged on (request-steps): {judged}",
+        ]
         lines += [monitor_line(f) for f in self.monitor_findings]
         return "\n".join(lines)
 
@@ -372,7 +384,7 @@ class FuzzResult(Outcome):
         seen = {f.labelled for f in self.findings}
         new = [f for f in run.findings if f.labelled not in seen]
         self.findings += new
-        self.count_monitor(run.monitor_counts)
+        self.count_monitor(run.monitor_counts, run.books_judged)
         seen = {f.labelled for f in self.monitor_findings}
         self.monitor_findings += [f for f in run.monitor_findings if f.labelled not in seen]
         return new

@@ -186,3 +186,33 @@ def test_the_monitor_names_the_item_a_step_breaks(books: RequestBooks, item: str
     assert not Monitor(config).judge(
         replace(seen, books={"r": DECODE}, scheduled={"r": 4}, preempted=())
     )
+
+
+def test_the_monitor_counts_the_request_steps_each_item_stands_on() -> None:
+    config = EngineConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        max_model_len=MAX_MODEL_LEN,
+        block_size=16,
+        num_gpu_blocks=64,
+        speculative_config=SpeculativeConfig.for_layout(layout_named("eagle"), K),
+    )
+    monitor = Monitor(config)
+    unbounded = replace(DECODE, slots_after=None)
+    seen = StepSeen(
+        step=0,
+        scheduled={"a": 4, "b": 4},
+        preempted=(),
+        wanted={},
+        free_blocks=None,
+        num_running=2,
+        block_sizes=None,
+        books={"a": DECODE, "b": unbounded},
+    )
+    assert not monitor.judge(seen)
+    # C9 is not judged where a group's slots are not bounded by its blocks.
+    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2}
+    # A step whose books were not read (a stand-in scheduler) adds nothing.
+    monitor.judge(replace(seen, books=None))
+    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2}
+    assert set(monitor.books_judged) == set(BOOKS_MONITORED)

