@@ -214,8 +214,8 @@ PRELOAD = ("dualbudget.integration.fuzz", "vllm.config", "vllm.v1.core.sched.sch
 
 
 def vllm_fingerprint() -> str:
-    """The installed vLLM's version and a hash of the Python that decides its steps
-    (``sources.VLLM_SOURCES``): what every worker of a run must share with the driver
+    """The installed vLLM's version and a hash of its Python (``sources.vllm_digest``):
+    what every worker of a run must share with the driver
     (``campaign.executor.WorkerMismatch``), and what a kept campaign's results hold for."""
     from .live import require_vllm
 

@@ -1,11 +1,11 @@
-"""What a kept result depends on, as digests: the project's own sources and the installed
-vLLM's Python that decides a step.
+"""What a kept result depends on, as digests: the project's own sources and the checked
+vLLM's Python.
 
 A campaign (``campaign.store``) reuses a unit's result only under the same key, so the key
 must change with everything the result depends on: the reference, the spec and the
-adapter (``project_digest``), and every vLLM module a step's decision passes through, the
-scheduler's package, the KV managers and block pool beside it, the request, the outputs
-and the config (``vllm_digest``), not the scheduler's folder alone.
+adapter (``project_digest``), and every Python file of the vLLM package the run imports
+(``vllm_digest``): a step's decision passes through the scheduler, the KV managers, the
+request, the outputs and the config, and what else reaches it is not worth guessing.
 """
 
 from __future__ import annotations
@@ -21,18 +21,6 @@ DIGESTED = ("spec", "reference", "integration", "proofs")
 """The folders whose ``.py`` files (and the proofs' manifest) a result depends on."""
 GENERATED = frozenset({"budget_kernels.py"})
 """Generated from the digested sources (the compiled build's): not digested itself."""
-VLLM_SOURCES = (
-    "v1/core",
-    "v1/request.py",
-    "v1/outputs.py",
-    "v1/kv_cache_interface.py",
-    "v1/structured_output",
-    "config",
-)
-"""The parts of the vLLM package, folders or files, whose Python decides a step that the
-fuzz compares: the scheduler and the KV managers and block pool of ``v1/core``, the
-request and output types, the KV specs, structured output's grammar bookkeeping and the
-config's defaults."""
 
 
 def digest_files(paths: Iterable[Path], root: Path) -> str:
@@ -65,6 +53,7 @@ def project_digest(root: Path = ROOT) -> str:
 
 
 def vllm_digest(package: Path) -> str:
-    """A hash of ``VLLM_SOURCES`` in the vLLM package folder ``package`` (through an
-    overlay's links under ``--vllm-src``: the tree's bytes)."""
-    return digest_files(python_files(package, VLLM_SOURCES), package)
+    """A hash of every ``.py`` of the vLLM package folder ``package`` (through an
+    overlay's links under ``--vllm-src``: the tree's bytes); compiled parts are the
+    installed release's, which its version names."""
+    return digest_files(python_files(package, (".",)), package)

@@ -1,6 +1,5 @@
-"""What a kept campaign's key hashes (``integration/sources.py``): every vLLM module a
-step's decision passes through, not the scheduler's folder alone, and dualbudget's own
-sources."""
+"""What a kept campaign's key hashes (``integration/sources.py``): every Python file of the
+vLLM package, not the scheduler's folder alone, and dualbudget's own sources."""
 
 from __future__ import annotations
 
@@ -8,47 +7,65 @@ from pathlib import Path
 
 import pytest
 
-from dualbudget.integration.sources import DIGESTED, VLLM_SOURCES, project_digest, vllm_digest
+from dualbudget.integration.sources import DIGESTED, project_digest, vllm_digest
 
 
 def _fake_vllm(tmp_path: Path) -> Path:
     package = tmp_path / "vllm"
-    for part in VLLM_SOURCES:
+    for part in (
+        "__init__.py",
+        "v1/core/sched/scheduler.py",
+        "v1/core/block_pool.py",
+        "config/__init__.py",
+        "entrypoints/api.py",
+    ):
         path = package / part
-        if path.suffix == ".py":
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"# {part}\n")
-        else:
-            path.mkdir(parents=True, exist_ok=True)
-            (path / "__init__.py").write_text(f"# {part}\n")
-    (package / "v1" / "core" / "sched").mkdir()
-    (package / "v1" / "core" / "sched" / "scheduler.py").write_text("# scheduler\n")
-    (package / "v1" / "core" / "block_pool.py").write_text("# block pool\n")
-    (package / "entrypoints.py").write_text("# serving, no decision\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {part}\n")
+    (package / "_C.abi3.so").write_bytes(b"compiled")
     return package
 
 
 @pytest.mark.parametrize(
-    "edited", ["v1/core/block_pool.py", "v1/core/sched/scheduler.py", "config/__init__.py"]
+    "edited",
+    [
+        "v1/core/block_pool.py",
+        "v1/core/sched/scheduler.py",
+        "config/__init__.py",
+        "entrypoints/api.py",
+    ],
 )
-def test_an_edit_of_a_deciding_module_changes_the_vllm_digest(tmp_path: Path, edited: str) -> None:
+def test_an_edit_of_any_python_file_changes_the_vllm_digest(tmp_path: Path, edited: str) -> None:
     package = _fake_vllm(tmp_path)
     before = vllm_digest(package)
     (package / edited).write_text("# edited\n")
     assert vllm_digest(package) != before
 
 
-def test_a_module_that_decides_nothing_leaves_the_digest(tmp_path: Path) -> None:
+def test_a_new_python_file_changes_the_digest_and_bytecode_does_not(tmp_path: Path) -> None:
     package = _fake_vllm(tmp_path)
     before = vllm_digest(package)
-    (package / "entrypoints.py").write_text("# edited\n")
+    cache = package / "v1" / "__pycache__"
+    cache.mkdir()
+    (cache / "x.cpython-311.pyc").write_bytes(b"bytecode")
+    (package / "_C.abi3.so").write_bytes(b"rebuilt")
     assert vllm_digest(package) == before
+    (package / "v1" / "new.py").write_text("# new\n")
+    assert vllm_digest(package) != before
 
 
-def test_an_older_layout_without_a_part_still_digests(tmp_path: Path) -> None:
+def test_a_linked_file_digests_as_its_target(tmp_path: Path) -> None:
+    """A tree under review is run through links to its files (``vllm_source``): the
+    digest reads the bytes behind them."""
     package = _fake_vllm(tmp_path)
-    (package / "v1" / "kv_cache_interface.py").unlink()
-    assert len(vllm_digest(package)) == 64
+    overlay = tmp_path / "overlay" / "vllm"
+    for path in package.rglob("*.py"):
+        link = overlay / path.relative_to(package)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(path)
+    assert vllm_digest(overlay) == vllm_digest(package)
+    (package / "v1" / "core" / "block_pool.py").write_text("# edited\n")
+    assert vllm_digest(overlay) == vllm_digest(package)
 
 
 def test_an_edit_of_the_reference_changes_the_project_digest(tmp_path: Path) -> None:
