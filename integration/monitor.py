@@ -1,5 +1,6 @@
 """The contract as a runtime monitor: every live step of any vLLM scheduler checked for C3,
-C4 and the decidable part of C5, from vLLM's own scheduler output and KV state alone.
+C4, the decidable part of C5 and the scheduler's books C7-C11, from vLLM's own scheduler
+output and state alone.
 
 The monitor is a second opinion beside the lockstep, independent of the reference: it
 imports no reference scheduling code and knows no budget policy. It reads what vLLM
@@ -45,6 +46,11 @@ the layout's true draft rows ``C(q)`` (``spec.methods``), never on a policy's ch
   scheduled, or preempts, and a step that preempted is not judged), so its cuts are
   judged as on one group. Those left out are C5's rest, which only a scheduler that
   knows the policy's budgets can decide: the lockstep's reference.
+- **C7-C11, the books** (``spec.contract.BOOKS``, every request unfinished before the
+  step): its placeholders, drafts, KV slots, length and what a preemption released,
+  read off vLLM's request and KV managers (``integration.books``) and judged by the
+  predicates of ``spec.books``; ``books_judged`` counts the request-steps each item
+  stood on, so a count of no violation names its work.
 
 Violations are collected, never raised: the lockstep's verdict is the reference's, the
 monitor's is reported beside it (``integration.outcome``).
