@@ -16,9 +16,9 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dualbudget.reference.diff import Comparison, compare
 from dualbudget.reference.scenario import (
@@ -35,6 +35,10 @@ from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import profile_named
+
+if TYPE_CHECKING:
+    # z3 is imported by the search's proof only, when it runs.
+    from dualbudget.proofs.same_decisions import Bounds, SameDecisions, Separation
 
 DEFAULT_SEARCH_LAYOUT = "dflash"
 DEFAULT_OUT = Path("out") / "diff"
@@ -88,6 +92,12 @@ class SearchBounds:
     arrival: tuple[int, int] = (0, 16)
     headroom: tuple[int, int] = (0, 64)
     """max_model_len minus the longest request (prompt + output)."""
+
+    def for_z3(self) -> Bounds:
+        """The part of the bounds z3's check reads: the config's, and the most requests."""
+        from dualbudget.proofs.same_decisions import Bounds
+
+        return Bounds(self.b, self.m, self.k, requests=self.requests[1])
 
     def text(self) -> str:
         return (
@@ -195,22 +205,23 @@ class SearchUnit:
     seed: int
     examples: int
     max_seconds: float
+    at: tuple[Separation, ...] = ()
+    """Where z3 separates the two profiles: the search's first candidates are built there."""
 
 
-def prove_layout(unit: tuple[str, str, str]) -> tuple[bool, str]:
+def prove_layout(unit: tuple[str, str, str]) -> SameDecisions:
     """z3's answer for one layout (``proofs/same_decisions.py``): whether ``a`` and ``b``
-    make the same decisions for every config in ``SEARCH_BOUNDS``, and why (or why not)."""
-    from dualbudget.proofs.same_decisions import Bounds, same_decisions
+    make the same decisions for every config in ``SEARCH_BOUNDS``, and why (or why not,
+    with the configs that separate them)."""
+    from dualbudget.proofs.same_decisions import same_decisions
 
     a, b, layout = unit
-    bounds = SEARCH_BOUNDS
-    proof = same_decisions(a, b, layout, Bounds(bounds.b, bounds.m, bounds.k))
-    return proof.equal, proof.reason
+    return same_decisions(a, b, layout, SEARCH_BOUNDS.for_z3())
 
 
 def search_unit(unit: SearchUnit) -> Found:
     """The seeded search of one unit (module level: the executor's workers import it)."""
-    return search(unit.a, unit.b, unit.layout, unit.seed, unit.examples, unit.max_seconds)
+    return search(unit.a, unit.b, unit.layout, unit.seed, unit.examples, unit.max_seconds, unit.at)
 
 
 def _search_command(options: DiffOptions, a: str, b: str) -> int:
@@ -240,9 +251,17 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
                 )
             )
             units = [
-                SearchUnit(a, b, layout, seed, options.examples, options.max_seconds)
+                SearchUnit(
+                    a,
+                    b,
+                    layout,
+                    seed,
+                    options.examples,
+                    options.max_seconds,
+                    proofs[layout].separations,
+                )
                 for layout in layouts
-                if not proofs[layout][0]
+                if not proofs[layout].equal
                 for seed in range(options.seed, options.seed + options.seeds)
             ]
             ids = [f"{u.layout} seed {u.seed}" for u in units]
@@ -253,19 +272,23 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
         raise BadInput(f"--executor {options.executor}: {err}") from None
     wall = time.perf_counter() - started
     print(f"bounds: {bounds.text()}; layout {', '.join(layouts)}")
-    for layout, (_, reason) in proofs.items():
-        print(f"z3 ({layout}): {reason}")
+    for layout, proof in proofs.items():
+        print(f"z3 ({layout}): {proof.reason}")
     data: dict[str, Any] = {
         "profiles": [a, b],
         "layout": layouts[0],
         "layouts": {
-            layout: {"proved_equal": equal, "reason": reason}
-            for layout, (equal, reason) in proofs.items()
+            layout: {
+                "proved_equal": proof.equal,
+                "reason": proof.reason,
+                "separated_at": [asdict(at) for at in proof.separations],
+            }
+            for layout, proof in proofs.items()
         },
         "bounds": bounds.text(),
     }
     if not units:
-        data.update({"differs": False, "proved_equal": True, "reason": proofs[layouts[0]][1]})
+        data.update({"differs": False, "proved_equal": True, "reason": proofs[layouts[0]].reason})
     else:
         best = _best(units, answers)
         layout = units[best].layout if best is not None else units[0].layout
@@ -273,7 +296,7 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
             {
                 "layout": layout,
                 "proved_equal": False,
-                "separated_by": proofs[layout][1],
+                "separated_by": proofs[layout].reason,
                 "examples": sum(found.examples for found in answers),
                 "seconds": round(wall, 1),
                 "time_capped": any(found.time_capped for found in answers),
@@ -282,6 +305,7 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
                         "layout": unit.layout,
                         "seed": unit.seed,
                         "examples": found.examples,
+                        "at_separation": found.at_separation,
                         "differs": found.best is not None,
                         "score": list(_score(found.best[1])) if found.best else None,
                     }
@@ -291,7 +315,13 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
         )
         if best is None:
             examples = data["examples"]
-            print(f"no difference found in {examples} examples ({wall:.0f} s)")
+            tried = sum(found.at_separation for found in answers)
+            print(
+                f"no difference found in {examples} examples ({wall:.0f} s), {tried} of them"
+                " built where z3 separates the profiles: there the separation never reaches a"
+                " decision within the bounds (a request count, a length, an arrival or the KV"
+                " pool keeps the separating item from binding)"
+            )
             data.update({"differs": False, "first_step": None, "totals": None, "scenario": None})
         else:
             found = answers[best]
@@ -338,6 +368,8 @@ class Found:
     examples: int
     seconds: float
     time_capped: bool
+    at_separation: int = 0
+    """Of ``examples``, those built where z3 separates the profiles (``candidates_at``)."""
 
 
 def _score(result: Comparison) -> tuple[int, float, int]:
@@ -349,10 +381,53 @@ def _score(result: Comparison) -> tuple[int, float, int]:
     )
 
 
-def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: float) -> Found:
-    """The seeded Hypothesis search (generate and target phases, no shrinking): each
-    example a scenario within ``SEARCH_BOUNDS``, scored by the gap in steps to drain,
-    then in tokens per step; the best that differs at all is kept."""
+def candidates_at(a: str, b: str, layout: str, at: Separation) -> list[Scenario]:
+    """Scenarios on the config where z3 separates ``a`` from ``b`` (``at``), within
+    ``SEARCH_BOUNDS``: requests all arriving at once, one more than the lower cap on
+    running requests and as many as the bounds allow, short prompts and outputs, sync and
+    (where the release runs the method so) async, no draft accepted and all of them."""
+    bounds = SEARCH_BOUNDS
+    row = layout_named(layout)
+    k, b_, m = at.k, at.b, at.max_num_seqs
+    most = bounds.requests[1]
+    counts = sorted({min(_caps(a, row, b_, m, k), _caps(b, row, b_, m, k)) + 1, most})
+    config = EngineConfig(
+        max_num_batched_tokens=b_,
+        max_num_seqs=m,
+        max_model_len=bounds.prompt[1] + bounds.output[1],
+        block_size=16,
+        num_gpu_blocks=1,
+        speculative_config=SpeculativeConfig.for_layout(row, k),
+    )
+    spec = config.speculative_config
+    assert spec is not None
+    modes = (False, True) if runs_async(spec, profile_named(a).release) else (False,)
+    found = []
+    for n in (count for count in counts if count <= most):
+        for prompt, output in ((1, 4), (4, 16)):
+            # Ample blocks: the KV pool never binds before the caps do.
+            blocks = (n + 1) * -(-(config.max_model_len + k + 1) // config.block_size) + 1
+            for asynchronous in modes:
+                for accepted in sorted({0, k}):
+                    requests = tuple(RequestSpec(str(i), prompt, output, 0, 0) for i in range(n))
+                    shaped = replace(config, num_gpu_blocks=blocks, async_scheduling=asynchronous)
+                    found.append(Scenario(a, shaped, requests, Acceptance(fixed=accepted)))
+    return found
+
+
+def search(
+    a: str,
+    b: str,
+    layout: str,
+    seed: int,
+    examples: int,
+    max_seconds: float,
+    at: Sequence[Separation] = (),
+) -> Found:
+    """The candidates where z3 separates the profiles (``candidates_at``), then the seeded
+    Hypothesis search (generate and target phases, no shrinking): each example a scenario
+    within ``SEARCH_BOUNDS``, scored by the gap in steps to drain, then in tokens per
+    step; the best that differs at all is kept."""
     import hypothesis.strategies as st
     from hypothesis import HealthCheck, Phase, given, settings, target
     from hypothesis import seed as hypothesis_seed
@@ -364,6 +439,26 @@ def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: f
     release_a = profile_named(a).release
     started = time.perf_counter()
     state: dict[str, Any] = {"best": None, "score": (-1, -1.0, -1), "examples": 0, "capped": False}
+
+    def consider(scenario: Scenario) -> tuple[int, float, int] | None:
+        """The scenario's score, kept when it is the widest difference yet; None where
+        either profile refuses it."""
+        try:
+            scenario = validate(scenario)
+            validate(replace(scenario, profile=b))
+        except BadInput:
+            return None
+        state["examples"] += 1
+        result = compare(scenario, a, b)
+        score = _score(result)
+        if result.differs and score > state["score"]:
+            state["best"], state["score"] = (scenario, result), score
+        return score
+
+    for separation in at:
+        for candidate in candidates_at(a, b, layout, separation):
+            consider(candidate)
+    at_separation = state["examples"]
 
     @st.composite
     def scenarios(draw: Any) -> Scenario:
@@ -430,22 +525,15 @@ def search(a: str, b: str, layout: str, seed: int, examples: int, max_seconds: f
         if time.perf_counter() - started > max_seconds:
             state["capped"] = True
             return
-        try:
-            scenario = validate(scenario)
-            validate(replace(scenario, profile=b))
-        except BadInput:
-            return
-        state["examples"] += 1
-        result = compare(scenario, a, b)
-        score = _score(result)
-        target(float(score[0]), label="steps gap")
-        target(score[1], label="tokens per step gap")
-        if result.differs and score > state["score"]:
-            state["best"], state["score"] = (scenario, result), score
+        score = consider(scenario)
+        if score is not None:
+            target(float(score[0]), label="steps gap")
+            target(score[1], label="tokens per step gap")
 
     with without_source_constants():
         probe()
-    return Found(state["best"], state["examples"], time.perf_counter() - started, state["capped"])
+    seconds = time.perf_counter() - started
+    return Found(state["best"], state["examples"], seconds, state["capped"], at_separation)
 
 
 def _caps(profile: str, row: Any, b: int, m: int, k: int) -> int:

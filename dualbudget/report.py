@@ -184,10 +184,10 @@ def proved_differences() -> list[str]:
     """Per pair and layout, ``same (proved)`` or what separates them
     (proofs/same_decisions.py), for configs in the ``dualbudget diff --search`` bounds."""
     from dualbudget.diff_cli import SEARCH_BOUNDS
-    from dualbudget.proofs.same_decisions import Bounds, same_decisions
+    from dualbudget.proofs.same_decisions import same_decisions
     from dualbudget.spec.methods import LAYOUT_NAMES
 
-    bounds = Bounds(SEARCH_BOUNDS.b, SEARCH_BOUNDS.m, SEARCH_BOUNDS.k)
+    bounds = SEARCH_BOUNDS.for_z3()
     rows = [["pair", *LAYOUT_NAMES]]
     for a, b in DIFF_PAIRS:
         cells = []
@@ -197,8 +197,9 @@ def proved_differences() -> list[str]:
         rows.append([f"{a} vs {b}", *cells])
     return [
         "z3 per layout (proofs/same_decisions.py): `same (proved)` where the two accept the"
-        " same configs, cap running requests alike and grant every request the same in every"
-        " step, for B, max_num_seqs and K in the `dualbudget diff --search` bounds"
+        " same configs, cap running requests alike (below the most requests of a scenario)"
+        " and grant every request the same in every step, for B, max_num_seqs, K and the"
+        " request count in the `dualbudget diff --search` bounds"
         f" ({SEARCH_BOUNDS.text()}); else the first item that separates them.",
         "",
         _table(rows),

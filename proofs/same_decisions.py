@@ -7,7 +7,8 @@ step, whether the budgets are exhausted and how many tokens a request of ``need`
 make the same decisions on every scenario when, for every config in the bounds:
 
 1. they accept the same configs;
-2. their ``max_active_requests`` are equal where both accept;
+2. their ``max_active_requests`` are equal where both accept, or, on scenarios of at most
+   ``Bounds.requests`` requests, both at or above that count (no cap there binds);
 3. from any two *tied* lanes of one step (the same requests scheduled, each ledger the
    opening minus those charges: ``dominance.on_track``), one more request of any
    ``need >= 1`` gets the same grant and leaves the lanes tied (``dominance.serve``).
@@ -39,6 +40,19 @@ class Bounds:
     b: tuple[int, int]
     m: tuple[int, int]
     k: tuple[int, int]
+    requests: int | None = None
+    """The most requests a scenario holds (None: no bound): a cap on running requests at
+    or above it never binds, so caps that differ only there separate nothing."""
+
+
+@dataclass(frozen=True)
+class Separation:
+    """A config on which z3 found the two profiles apart: where a search starts."""
+
+    label: str
+    k: int
+    b: int
+    max_num_seqs: int
 
 
 @dataclass
@@ -47,12 +61,15 @@ class SameDecisions:
     """True only when every query answered unsat."""
     reason: str
     """What separates the profiles (or ``unknown``), or what was proved."""
+    separations: tuple[Separation, ...] = ()
+    """Each separating item's config, as z3's model gave it."""
 
 
 def same_decisions(a: str, b: str, layout_name: str, bounds: Bounds) -> SameDecisions:
     subjects = base_subjects()
     pair = (subjects[a], subjects[b])
     found: dict[str, str] = {}
+    separations: list[Separation] = []
     for k in range(bounds.k[0], bounds.k[1] + 1):
         for label, formula in _separations(pair, layout_name, bounds, k):
             if label in found:
@@ -63,15 +80,16 @@ def same_decisions(a: str, b: str, layout_name: str, bounds: Bounds) -> SameDeci
             answer = solver.check()
             if answer == z3.sat:
                 model = solver.model()
-                cfg = ", ".join(
-                    f"{name}={model.eval(z3.Int(name), model_completion=True)}"
+                tokens, seqs = (
+                    int(str(model.eval(z3.Int(name), model_completion=True)))
                     for name in ("B", "max_num_seqs")
                 )
-                found[label] = f"{label} (K={k}, {cfg})"
+                found[label] = f"{label} (K={k}, B={tokens}, max_num_seqs={seqs})"
+                separations.append(Separation(label, k, tokens, seqs))
             elif answer == z3.unknown:
                 found[label] = f"unknown: {label} (K={k}) timed out"
     if found:
-        return SameDecisions(False, "; ".join(found.values()))
+        return SameDecisions(False, "; ".join(found.values()), tuple(separations))
     return SameDecisions(
         True,
         f"proved: {a} and {b} accept the same configs, cap running requests alike and grant"
@@ -96,11 +114,13 @@ def _separations(
     ]
     (sa, sb), relation = pair, Relation()
     both = [*box, accepted(sa, p), accepted(sb, p)]
+    caps = (sa.policy.max_active_requests(p), sb.policy.max_active_requests(p))
+    binds = [] if bounds.requests is None else [z3.Or(*(cap < bounds.requests for cap in caps))]
     out: list[tuple[str, z3.BoolRef]] = [
         ("they accept different configs", z3.And(*box, accepted(sa, p) != accepted(sb, p))),
         (
             "their caps on running requests (max_active_requests) differ",
-            z3.And(*both, sa.policy.max_active_requests(p) != sb.policy.max_active_requests(p)),
+            z3.And(*both, caps[0] != caps[1], *binds),
         ),
     ]
     q = z3.Int("q")

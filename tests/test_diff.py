@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from dualbudget.proofs.same_decisions import Bounds, same_decisions
+from dualbudget.diff_cli import SEARCH_BOUNDS, _caps, candidates_at
+from dualbudget.proofs.same_decisions import Bounds, Separation, same_decisions
 from dualbudget.reference.diff import compare
 from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.methods import layout_named
 
 BOUNDS = Bounds((512, 2048), (16, 256), (1, 8))
 
@@ -146,44 +148,77 @@ def test_the_design_review_carries_the_policy_differences() -> None:
     assert "| dspark-bench | vllm-0.33 vs dual | none |" in text
 
 
-CAP_BINDS_SEED = 7
-"""A seed whose 500 examples reach a run where 0.33's cap on running DFlash requests binds
-and dual's does not: the search finds one at about one seed in three (seeds 1 to 14: 7,
-12 and 13), since the run must be async with a request whose output in flight reaches
-its max_tokens."""
-
-
 def test_diff_search_separates_vllm_033_from_dual_on_dflash(tmp_path: Path) -> None:
     """Where 0.33 and dual part on DFlash: z3 finds 0.33's per-step grants equal to
-    dual's there, only the running cap apart; the seeded search finds a run where that cap
-    binds (async scheduling skips a request whose output in flight reaches max_tokens, so
-    dual admits past B // (K + 1))."""
+    dual's there, only the running cap apart, at a config below the most requests a
+    scenario holds; the search's first candidates, built on that config, reach a run
+    where the cap binds (async scheduling skips a request whose output in flight reaches
+    max_tokens, so dual admits past B // (K + 1)), whatever the seed."""
     out, scenario = tmp_path / "d.json", tmp_path / "found.json"
     done = _dualbudget(
         "diff", "--profile", "vllm-0.33", "--profile", "dual", "--layout", "dflash",
-        "--search", "--seed", str(CAP_BINDS_SEED), "--max-seconds", "300", "--json", str(out),
+        "--search", "--seed", "1", "--examples", "10", "--json", str(out),
         "--out", str(scenario),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert data["proved_equal"] is False and data["differs"] is True, done.stdout
     assert data["separated_by"].startswith("their caps on running requests")
-    assert data["first_step"] is not None
+    (at,) = data["layouts"]["dflash"]["separated_at"]
+    assert data["units"][0]["at_separation"] > 0
+    found = json.loads(scenario.read_text())
+    assert found["config"]["max_num_batched_tokens"] == at["b"]
+    assert found["config"]["max_num_seqs"] == at["max_num_seqs"]
+    assert found["config"]["async_scheduling"] is True
     steps = {p: t["steps"] for p, t in data["totals"].items()}
     assert steps["dual"] < steps["vllm-0.33"]
-    assert json.loads(scenario.read_text())["config"]["async_scheduling"] is True
+    # The scenario replays: the reference under each profile drains it in those steps.
+    for profile in ("vllm-0.33", "dual"):
+        ran = _dualbudget("schedule", str(scenario), "--profile", profile)
+        assert ran.returncode == 0, ran.stderr
+        assert len(ran.stdout.splitlines()) == steps[profile]
+
+
+def test_caps_that_differ_only_above_every_scenario_separate_nothing() -> None:
+    """0.33's cap on running DFlash requests is at least B // (1 + K) >= 56 in the search's
+    config bounds: on scenarios of at most 16 requests neither cap binds, and z3 proves
+    the two profiles decide alike there."""
+    bounds = SEARCH_BOUNDS
+    few = same_decisions("vllm-0.33", "dual", "dflash", Bounds(bounds.b, bounds.m, (1, 8), 16))
+    assert few.equal and few.separations == (), few.reason
+    many = same_decisions("vllm-0.33", "dual", "dflash", Bounds(bounds.b, bounds.m, (1, 8), 160))
+    assert not many.equal
+    (at,) = many.separations
+    row = layout_named("dflash")
+    caps = [_caps(p, row, at.b, at.max_num_seqs, at.k) for p in ("vllm-0.33", "dual")]
+    assert caps[0] != caps[1] and min(caps) < 160
+
+
+def test_the_first_candidates_sit_where_z3_separates() -> None:
+    at = Separation("caps", k=3, b=515, max_num_seqs=129)
+    candidates = candidates_at("vllm-0.33", "dual", "dflash", at)
+    assert candidates
+    for scenario in candidates:
+        validate(scenario)
+        validate(scenario.with_profile("dual"))
+        config = scenario.config
+        assert (config.num_speculative_tokens, config.max_num_batched_tokens) == (3, 515)
+        assert config.max_num_seqs == 129
+    # One request past the lower cap (0.33's B // (1 + K) = 128), and the bounds' most.
+    assert {len(s.requests) for s in candidates} == {129, SEARCH_BOUNDS.requests[1]}
 
 
 @pytest.mark.live
 def test_live_vllm_agrees_with_the_reference_on_the_found_scenario() -> None:
     """The search's scenario against the installed vLLM's own profile (0.33: the one that
     separates it from dual; 0.32: its own against dual), in lockstep step for step."""
-    from dualbudget.diff_cli import search
+    from dualbudget.diff_cli import prove_layout, search
     from dualbudget.integration.lockstep import run_in_lockstep
     from dualbudget.integration.testing import live_profile_name
 
     profile = live_profile_name()
-    found = search(profile, "dual", "dflash", seed=CAP_BINDS_SEED, examples=500, max_seconds=300)
+    proof = prove_layout((profile, "dual", "dflash"))
+    found = search(profile, "dual", "dflash", 1, 10, 300, proof.separations)
     assert found.best is not None, f"no {profile} / dual difference found"
     scenario, result = found.best
     steps, divergence = run_in_lockstep(scenario.with_profile(profile))
