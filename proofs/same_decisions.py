@@ -79,11 +79,7 @@ def same_decisions(a: str, b: str, layout_name: str, bounds: Bounds) -> SameDeci
             solver.add(formula)
             answer = solver.check()
             if answer == z3.sat:
-                model = solver.model()
-                tokens, seqs = (
-                    int(str(model.eval(z3.Int(name), model_completion=True)))
-                    for name in ("B", "max_num_seqs")
-                )
+                tokens, seqs = _least(formula, solver.model())
                 found[label] = f"{label} (K={k}, B={tokens}, max_num_seqs={seqs})"
                 separations.append(Separation(label, k, tokens, seqs))
             elif answer == z3.unknown:
@@ -96,6 +92,35 @@ def same_decisions(a: str, b: str, layout_name: str, bounds: Bounds) -> SameDeci
         f" every request the same in every step on {layout_name}, for B in"
         f" {list(bounds.b)}, max_num_seqs in {list(bounds.m)}, K in {list(bounds.k)}",
     )
+
+
+def _least(formula: z3.BoolRef, model: z3.ModelRef) -> tuple[int, int]:
+    """The least B, then the least ``max_num_seqs``, that satisfy ``formula`` (``model``
+    one that does): the model z3 picks depends on what its context solved before, the
+    least does not, so a run's separating config is the same in every process. A check
+    that times out counts as no, which keeps the answer a config that separates."""
+    names = (z3.Int("B"), z3.Int("max_num_seqs"))
+
+    def values(found: z3.ModelRef) -> list[int]:
+        return [int(str(found.eval(name, model_completion=True))) for name in names]
+
+    current = values(model)
+    solver = z3.Solver()
+    solver.set("timeout", SAME_TIMEOUT_MS)
+    solver.add(formula)
+    for i, name in enumerate(names):
+        low, high = 0, current[i]
+        while low < high:
+            mid = (low + high) // 2
+            solver.push()
+            solver.add(name <= mid)
+            if solver.check() == z3.sat:
+                high, current = mid, values(solver.model())
+            else:
+                low = mid + 1
+            solver.pop()
+        solver.add(name == high)
+    return current[0], current[1]
 
 
 def _separations(
