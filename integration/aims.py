@@ -39,6 +39,7 @@ from dualbudget.spec.profiles import profile_named
 from .machine import (
     BudgetMachine,
     EdgeMachine,
+    EngineCallMachine,
     HybridMachine,
     LockstepMachine,
     LoneMachine,
@@ -655,9 +656,27 @@ AIMS: dict[str, Aim] = {
         HybridMachine,
         3,
     ),
+    # The engine's own calls on the scheduler (EngineCallMachine): a prefix-cache reset
+    # that preempts the running requests (their output in flight dropped under async
+    # scheduling, which half the examples draw), a pause and a resume. Prefix caching on,
+    # so that a reset takes hits away, in a pool of two to three full requests (the
+    # reset, not KV pressure, is what preempts); two examples per method at 200, the
+    # first (Hypothesis' simplest) synchronous.
+    "engine_calls": Aim(
+        ConfigBounds(
+            budgets=(Budgets(Span(extra=PerDraft(48))),),
+            block_sizes=(2, 4),
+            max_num_seqs=(2, 8),
+            pools=(Pool(2, 3),),
+            floor=16,
+            prefix_caching=True,
+        ),
+        EngineCallMachine,
+        2,
+    ),
 }
 """The aims, in the order of a layout's units; ``mixed`` takes the rest of a share, so its
-weight only counts in the total (19). A weight of 1 is one example per method at 200 over
+weight only counts in the total (21). A weight of 1 is one example per method at 200 over
 nine methods: only Hypothesis' first, simplest example, which for ``edge`` never reaches
 the padding boundary (``lone``'s does reach its own); ``edge`` needs three to kill the
 padding rule's five mutants (docs/mutate.md), and ``prefix`` at two left a method's

@@ -273,6 +273,29 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         "A preemption under a pool shared by several groups: the hybrid aim's pool holds"
         " one to 1.5 full requests in every group, and decodes grow into it.",
     ),
+    CoverageEvent(
+        "reset_preempted",
+        "reset",
+        "engine_calls",
+        "A prefix-cache reset that preempts running requests (reset_running_requests):"
+        " every example of the engine_calls aim resets after its first steps, with its"
+        " requests' outputs drawn long enough to be running then.",
+    ),
+    CoverageEvent(
+        "stale_output_dropped",
+        "dropped",
+        "engine_calls",
+        "An output in flight dropped because a reset preempted its request: under async"
+        " scheduling the step before the reset is in flight when it comes.",
+        reached=where_async_runs,
+    ),
+    CoverageEvent(
+        "paused_with_work",
+        "paused",
+        "engine_calls",
+        "A step scheduled under a pause that holds back a running or waiting request: the"
+        " engine_calls aim pauses after the steps that follow its reset.",
+    ),
 )
 """Every coverage event, in the coverage table's order. Every row of the method table is
 fuzzed: vLLM builds each from config-only folders (suffix, which needs arctic-inference,

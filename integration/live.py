@@ -27,7 +27,9 @@ scheduler API:
                         ``STOP_TOKEN`` (so that vLLM's own ``check_stop`` finishes the
                         request);
 - ``DraftProposals`` -> ``Scheduler.update_draft_token_ids(DraftTokenIds(...))``;
-- ``Abort``          -> ``Scheduler.finish_requests(id, FINISHED_ABORTED)``.
+- ``Abort``          -> ``Scheduler.finish_requests(id, FINISHED_ABORTED)``;
+- ``ResetPrefixCache`` -> ``Scheduler.reset_prefix_cache(reset_running_requests=...)``;
+- ``SetPauseState``  -> ``Scheduler.set_pause_state(PauseState[...])``.
 
 Every vLLM import is inside a function, so that importing this module costs nothing and
 works without vLLM installed. vLLM code is called, never copied.
@@ -63,7 +65,9 @@ from dualbudget.reference.events import (
     DraftProposals,
     Event,
     ModelOutput,
+    ResetPrefixCache,
     ScheduleStep,
+    SetPauseState,
     StepRecord,
 )
 from dualbudget.spec.config import EngineConfig, KVGroup
@@ -784,6 +788,11 @@ class LiveScheduler:
         if self.block_hasher is not None and not has_field(Request, "block_hasher"):
             raise Unsupported(config, "the installed vLLM's Request takes no block_hasher")
         self._pending: dict[int, Any] = {}
+        self.preempted_between_steps: set[str] = set()
+        """Requests an engine call (``reset_prefix_cache``) preempted since the last
+        step: vLLM reports them among the next step's ``preempted_req_ids``."""
+        self.preempted_before_step: frozenset[str] = frozenset()
+        """Those of the last step: its victims are the rest of its preempted ids."""
         """The SchedulerOutputs whose ModelOutput has not come yet, by step."""
 
     # -- what vLLM derived from the config --------------------------------------------
@@ -838,6 +847,15 @@ class LiveScheduler:
             self._drafts(event)
         elif isinstance(event, Abort):
             self._abort(event)
+        elif isinstance(event, ResetPrefixCache):
+            running = [str(request.request_id) for request in self.scheduler.running]
+            self.scheduler.reset_prefix_cache(reset_running_requests=event.reset_running_requests)
+            if event.reset_running_requests:
+                self.preempted_between_steps.update(running)
+        elif isinstance(event, SetPauseState):
+            from vllm.v1.core.sched.interface import PauseState
+
+            self.scheduler.set_pause_state(PauseState[event.state.upper()])
         else:
             raise LiveEventError(f"unknown event {event!r}")
         return None
@@ -871,6 +889,8 @@ class LiveScheduler:
                 f"step {self.num_steps}: ScheduleStep before the last step's ModelOutput"
             )
         output = self.scheduler.schedule()
+        self.preempted_before_step = frozenset(self.preempted_between_steps)
+        self.preempted_between_steps.clear()
         record = step_record_of(self.num_steps, output, self.params)
         self._pending[self.num_steps] = output
         self.num_steps += 1
@@ -964,6 +984,9 @@ def probe_adapter() -> int:
         live.handle(DraftProposals({"0": 2}))
         live.handle(ScheduleStep())
         live.handle(Abort("0"))
+        live.handle(SetPauseState("paused_all"))
+        live.handle(ResetPrefixCache(reset_running_requests=True))
+        live.handle(SetPauseState("unpaused"))
         steps += live.num_steps
     if not steps:
         # Nothing to check: a vLLM missing a module its config needs refuses every build.

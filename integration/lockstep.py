@@ -225,14 +225,25 @@ class LiveRun:
         """Abort ``rid`` before the next step (once)."""
         self.driver.abort(rid)
 
+    def reset_prefix_cache(self, reset_running_requests: bool) -> None:
+        """The engine resets the prefix cache before the next step."""
+        self.driver.reset_prefix_cache(reset_running_requests)
+
+    def set_pause_state(self, pause_state: str) -> None:
+        """The engine pauses (``paused_new``, ``paused_all``) or resumes before the next
+        step."""
+        self.driver.set_pause_state(pause_state)
+
     def _monitor(self, live: StepRecord, wanted: dict[str, Wanted]) -> list[MonitorViolation]:
         """The monitor's verdict on the live step just made (before any comparison, so
         that a diverging step is judged too)."""
+        # The step's own victims: not those an engine call preempted before it.
+        before = self.live.preempted_before_step
         seen = step_seen(
             self.live.scheduler,
             live.step,
             live.num_scheduled_tokens,
-            live.preempted,
+            [rid for rid in live.preempted if rid not in before] if before else live.preempted,
             wanted,
             live.scheduled_spec_tokens,
         )

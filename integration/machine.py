@@ -408,3 +408,43 @@ class PrefixMachine(LockstepMachine):
             and data.draw(st.integers(0, 2), label="shared arrival?") == 0
         ):
             self._add(data)
+
+
+class EngineCallMachine(PrefixMachine):
+    """The ``engine_calls`` aim's runs: the prefix aim's requests, and the engine's own
+    calls on the scheduler between steps. Every example, Hypothesis' simplest included,
+    resets the prefix cache with its running requests preempted after its first steps,
+    steps on (resuming them while their output in flight is dropped, under async
+    scheduling), then pauses and resumes; the rules repeat both at drawn moments."""
+
+    def output_strategy(self, limit: int) -> st.SearchStrategy[int]:
+        # Outputs long enough to be running, with an output in flight, at the reset.
+        return st.integers(4, limit)
+
+    def begin(self, config: EngineConfig, data: st.DataObject) -> None:
+        super().begin(config, data)
+        if self.lock is None:
+            return
+        self.lock.reset_prefix_cache(True)
+        self._run_steps(data, data.draw(st.integers(1, 4), label="steps after reset"))
+        self._pause(data)
+
+    def _pause(self, data: st.DataObject) -> None:
+        if self.lock is None:
+            return
+        state = data.draw(st.sampled_from(["paused_all", "paused_new"]), label="pause")
+        self.lock.set_pause_state(state)
+        self._run_steps(data, data.draw(st.integers(1, 3), label="paused steps"))
+        if self.lock is not None:
+            self.lock.set_pause_state("unpaused")
+
+    @precondition(lambda self: self.lock is not None)
+    @rule(data=st.data())
+    def pause_for_steps(self, data: st.DataObject) -> None:
+        self._pause(data)
+
+    @precondition(lambda self: self.lock is not None)
+    @rule(reset_running_requests=st.booleans())
+    def reset_prefix_cache(self, reset_running_requests: bool) -> None:
+        assert self.lock is not None
+        self.lock.reset_prefix_cache(reset_running_requests)

@@ -135,6 +135,9 @@ class StepSeen:
     scheduler), and the books are not judged."""
     sampled: int = 1
     """Tokens a decode step samples per request (vLLM's ``num_sampled_tokens_per_step``)."""
+    pause_state: str = "unpaused"
+    """vLLM's ``Scheduler.pause_state`` when it scheduled the step, lowercased: under
+    ``paused_all`` it rightly schedules nothing, under ``paused_new`` no waiting request."""
 
 
 class Monitor:
@@ -218,6 +221,8 @@ class Monitor:
             return []
         if seen.block_sizes is None or self.in_flight or not one_token_fits(self.params):
             return []
+        if seen.pause_state == "paused_all":
+            return []
         lookahead = self.num_lookahead_tokens
         for rid, wanted in seen.wanted.items():
             if wanted.running:
@@ -229,6 +234,8 @@ class Monitor:
                     continue
                 blocks = self.blocks_needed(seen, computed + 1 + lookahead, wanted.blocks_held)
             else:
+                if seen.pause_state == "paused_new":
+                    continue
                 if not wanted.first_waiting or seen.num_running >= self.config.max_num_seqs:
                     continue
                 rest = wanted.num_tokens_with_spec - wanted.num_computed_tokens
@@ -426,4 +433,11 @@ def step_seen(
         aligned_split=bool(getattr(scheduler, "need_mamba_block_aligned_split", False)),
         books=books,
         sampled=sampled_per_step(scheduler),
+        pause_state=pause_state_of(scheduler),
     )
+
+
+def pause_state_of(scheduler: Any) -> str:
+    """vLLM's ``Scheduler.pause_state``, lowercased (``unpaused`` where a vLLM has none)."""
+    state = getattr(scheduler, "pause_state", None)
+    return "unpaused" if state is None else str(state.name).lower()

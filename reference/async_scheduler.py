@@ -59,10 +59,10 @@ class AsyncScheduler(Scheduler):
         self.observed["async_in_flight"] += bool(in_flight)
         in_flight[step.index] = StepInFlight(step.scheduled, step.spec)
 
-    def _preempt(self, request: RequestState) -> None:
+    def _preempt(self, request: RequestState, drop_stale_output: bool = False) -> None:
         """The output of the request's steps in flight still comes; it is stale, and is
-        drained as it arrives (``_leave_flight``). No connector asks for it dropped."""
-        super()._preempt(request)
+        drained as it arrives (``_leave_flight``)."""
+        super()._preempt(request, drop_stale_output)
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
 

@@ -43,7 +43,17 @@ from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.profiles import profile_named
 
 from .async_scheduler import make_scheduler
-from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, ScheduleStep, StepRecord
+from .events import (
+    Abort,
+    AddRequest,
+    DraftProposals,
+    Event,
+    ModelOutput,
+    ResetPrefixCache,
+    ScheduleStep,
+    SetPauseState,
+    StepRecord,
+)
 from .scenario import Acceptance, Drafts, RequestSpec, Scenario
 from .state import SchedulerState
 from .token_ids import sampled_token_ids, unique_prompt
@@ -194,6 +204,10 @@ class EventDriver:
         """Every request given so far, in the order given (up front: by arrival step)."""
         self.aborts: dict[str, int] = {}
         """Request id -> the step it is aborted before."""
+        self.resets: dict[int, bool] = {}
+        """Step -> ``reset_running_requests`` of the prefix-cache reset before it."""
+        self.pauses: dict[int, str] = {}
+        """Step -> the pause state set before it."""
         self.accepted: dict[int, dict[str, int]] = {}
         self.proposed: dict[int, dict[str, int]] = {}
         self.stops: dict[int, dict[str, int]] = {}
@@ -216,14 +230,19 @@ class EventDriver:
 
     @classmethod
     def of(cls, scenario: Scenario, max_steps: int | None = None) -> EventDriver:
-        """The driver of a scenario: its requests, its tables."""
-        return cls(
+        """The driver of a scenario: its requests, its tables, its engine calls."""
+        driver = cls(
             scenario.profile,
             scenario.config,
             ScenarioDraws(scenario),
             scenario.requests,
             max_steps=max_steps,
         )
+        for step, reset_running in (scenario.resets or {}).items():
+            driver.reset_prefix_cache(reset_running, step)
+        for step, pause_state in (scenario.pauses or {}).items():
+            driver.set_pause_state(pause_state, step)
+        return driver
 
     def add(self, request: RequestSpec) -> None:
         """``request`` arrives before step ``request.arrival_step`` (not a past one)."""
@@ -246,6 +265,23 @@ class EventDriver:
         self.aborts[request_id] = step
         self._aborts_at.setdefault(step, []).append(request_id)
         self._last_event_step = max(self._last_event_step, step)
+
+    def reset_prefix_cache(self, reset_running_requests: bool, step: int | None = None) -> None:
+        """The engine resets the prefix cache before ``step`` (the next one by default)."""
+        step = self._engine_call_step(step)
+        self.resets[step] = reset_running_requests
+
+    def set_pause_state(self, pause_state: str, step: int | None = None) -> None:
+        """The engine sets ``pause_state`` before ``step`` (the next one by default)."""
+        step = self._engine_call_step(step)
+        self.pauses[step] = pause_state
+
+    def _engine_call_step(self, step: int | None) -> int:
+        step = self.step if step is None else step
+        if step < self.step:
+            raise ValueError(f"an engine call before step {step}, but step {self.step} is next")
+        self._last_event_step = max(self._last_event_step, step)
+        return step
 
     def done(self, state: SchedulerState) -> bool:
         if self.stall is not None:
@@ -328,10 +364,13 @@ class EventDriver:
             if self.k > 0
             else None,
             {s: dict(row) for s, row in self.stops.items() if s <= last} or None,
+            {s: v for s, v in self.resets.items() if s <= last} or None,
+            {s: v for s, v in self.pauses.items() if s <= last} or None,
         )
 
     def _before_step(self) -> list[Event]:
-        """The arrivals and aborts due before step ``self.step``, then its ScheduleStep."""
+        """The arrivals, aborts and engine calls due before step ``self.step``, then its
+        ScheduleStep."""
         events: list[Event] = []
         for request in self._arrivals.get(self.step, ()):
             ids = request.prompt_token_ids if self.prefix_caching else None
@@ -350,6 +389,10 @@ class EventDriver:
             )
             self._added += 1
         events += [Abort(rid) for rid in self._aborts_at.get(self.step, ())]
+        if self.step in self.resets:
+            events.append(ResetPrefixCache(self.resets[self.step]))
+        if self.step in self.pauses:
+            events.append(SetPauseState(self.pauses[self.step]))
         events.append(ScheduleStep())
         return events
 

@@ -6,7 +6,9 @@ what they were fed.
 
 One engine step is: ``ScheduleStep`` (the scheduler decides; answer: a ``StepRecord``),
 then ``ModelOutput`` (the sampled token counts of that step), then ``DraftProposals``
-(the drafts proposed for the next step). ``AddRequest`` and ``Abort`` come between steps.
+(the drafts proposed for the next step). ``AddRequest`` and ``Abort`` come between steps,
+and so do the engine's own calls on the scheduler: ``ResetPrefixCache`` (between weight
+updates of an RL rollout) and ``SetPauseState`` (the engine's pause and resume).
 """
 
 from __future__ import annotations
@@ -42,6 +44,32 @@ class AddRequest:
 @dataclass(frozen=True, slots=True)
 class Abort:
     request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPrefixCache:
+    """vLLM's ``Scheduler.reset_prefix_cache``: with ``reset_running_requests`` every
+    running request is preempted first (last first, so that they wait in their running
+    order), its output still in flight dropped; then the pool forgets every cached hash,
+    which it does only when no block is held."""
+
+    reset_running_requests: bool = False
+
+
+PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
+"""vLLM's ``PauseState`` members, lowercased: ``paused_new`` admits no waiting request
+(the running ones go on), ``paused_all`` schedules nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetPauseState:
+    """vLLM's ``Scheduler.set_pause_state``: the engine pausing or resuming scheduling."""
+
+    state: str
+
+    def __post_init__(self) -> None:
+        if self.state not in PAUSE_STATES:
+            raise InvalidEvent(f"pause state {self.state!r}: one of {', '.join(PAUSE_STATES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +109,15 @@ class DraftProposals:
     num_drafts: dict[str, int]
 
 
-Event = AddRequest | Abort | ScheduleStep | ModelOutput | DraftProposals
+Event = (
+    AddRequest
+    | Abort
+    | ResetPrefixCache
+    | SetPauseState
+    | ScheduleStep
+    | ModelOutput
+    | DraftProposals
+)
 
 
 @dataclass(slots=True)

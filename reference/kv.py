@@ -144,6 +144,16 @@ class KVCacheManager:
         """``free`` on a preemption (a manager may count it)."""
         self.free(state, request)
 
+    def reset_prefix_cache(self, state: SchedulerState, num_gpu_blocks: int) -> bool:
+        """``BlockPool.reset_prefix_cache``: a pool none of whose blocks is held forgets
+        every hash (no later request hits a block cached before); with a block held it
+        refuses and keeps them. Caching off, there is nothing to forget."""
+        if state.free_blocks != usable_blocks(num_gpu_blocks):
+            return False
+        if state.block_pool is not None:
+            state.block_pool.forget_hashes()
+        return True
+
     def block_aligned_split(self) -> Callable[[RequestState, int, int], int] | None:
         """The scheduler's ``_mamba_block_aligned_split`` of a chunk (request, its first
         token, tokens granted -> tokens scheduled), where a Mamba group runs in ``align``

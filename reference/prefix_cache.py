@@ -150,6 +150,12 @@ class BlockPool:
             del self.cached[block_hash]
         self.block_hash[block] = None
 
+    def forget_hashes(self) -> None:
+        """``reset_prefix_cache`` on a pool with every block free: the hash map and each
+        block's hash go; the free queue keeps its order."""
+        self.cached.clear()
+        self.block_hash[:] = [None] * len(self.block_hash)
+
     def cache_full_blocks(
         self, blocks: Sequence[int], block_hashes: Sequence[str], start: int, stop: int
     ) -> None:

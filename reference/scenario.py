@@ -43,6 +43,7 @@ from dualbudget.spec.scenario_format import (
 # Re-exported: the trace header and the simulator write the config alone.
 from dualbudget.spec.scenario_format import config_to_json as config_to_json
 
+from .events import PAUSE_STATES
 from .kv import cdiv, usable_blocks
 from .schemas import (
     FieldError,
@@ -112,6 +113,10 @@ class Scenario:
     stops: Mapping[int, Mapping[str, int]] | None = None
     """Natural stops (EOS or a stop token): ``{step: {id: n}}``, the request stops at the
     n-th token it samples in that step (``ModelOutput.stopped``); absent, none stops."""
+    resets: Mapping[int, bool] | None = None
+    """``reset_prefix_cache`` before a step's schedule: ``{step: reset_running_requests}``."""
+    pauses: Mapping[int, str] | None = None
+    """``set_pause_state`` before a step's schedule: ``{step: state}`` (``PAUSE_STATES``)."""
 
     def with_profile(self, name: str) -> Scenario:
         """The same scenario under another profile, validated for it."""
@@ -141,6 +146,15 @@ def _id_from_int(value: object) -> object:
 StepKey = Annotated[str, AfterValidator(_step_key)]
 RequestId = Annotated[str, BeforeValidator(_id_from_int)]
 Probability = Annotated[float, Field(ge=0, le=1)]
+
+
+def _pause_state(value: str) -> str:
+    if value not in PAUSE_STATES:
+        raise ValueError(f"must be one of {', '.join(PAUSE_STATES)}")
+    return value
+
+
+PauseStateName = Annotated[str, AfterValidator(_pause_state)]
 StepTable = dict[StepKey, dict[str, Annotated[int, Field(ge=0)]]]
 """``{"<step>": {"<id>": n}}``."""
 
@@ -371,6 +385,18 @@ class ScenarioJson(Schema):
         " request stops at the n-th token it samples in that step (`n >= 1`, at most what it"
         " sampled); absent, none",
     )
+    resets: dict[StepKey, bool] | None = Field(
+        default=None,
+        description="the engine's `reset_prefix_cache` before a step's schedule, `{\"<step>\":"
+        " reset_running_requests}` (true: every running request is preempted first, its"
+        " output in flight dropped); absent, none",
+    )
+    pauses: dict[StepKey, PauseStateName] | None = Field(
+        default=None,
+        description="the engine's `set_pause_state` before a step's schedule, `{\"<step>\":"
+        " state}`: `paused_new` admits no waiting request, `paused_all` schedules nothing,"
+        " `unpaused` resumes; absent, none",
+    )
 
     @field_validator("format", "version")
     @classmethod
@@ -416,6 +442,8 @@ class ScenarioJson(Schema):
             self.acceptance.acceptance(),
             None if self.drafts is None else self.drafts.drafts(),
             None if self.stops is None else _table(self.stops),
+            None if self.resets is None else {int(s): v for s, v in self.resets.items()},
+            None if self.pauses is None else {int(s): v for s, v in self.pauses.items()},
         )
 
 
@@ -531,6 +559,8 @@ def scenario_to_json(scenario: Scenario) -> dict[str, Any]:
         acceptance_json(a.fixed, a.per_position, a.seed, a.explicit),
         None if d is None else drafts_json(d.fixed, d.explicit),
         scenario.stops,
+        scenario.resets,
+        scenario.pauses,
     )
 
 

@@ -37,7 +37,9 @@ from .events import (
     Event,
     InvalidEvent,
     ModelOutput,
+    ResetPrefixCache,
     ScheduleStep,
+    SetPauseState,
     StepRecord,
 )
 from .kv_coordinator import manager_for
@@ -90,6 +92,9 @@ OBSERVED = (
     "in_flight_max_tokens_skip",
     "natural_stop",
     "prefill_lookahead_reserved",
+    "reset_preempted",
+    "stale_output_dropped",
+    "paused_with_work",
     *PREFIX_OBSERVED,
     *KV_GROUP_OBSERVED,
 )
@@ -98,7 +103,9 @@ a step scheduled while an earlier one's output is outstanding, an output arrivin
 request preempted after its step was scheduled, a running request skipped because its
 in-flight output already reaches max_tokens, a request finished by EOS or a stop token,
 a prefill chunk cut back so as not to end within multi-module MTP's lookahead of the
-prompt's end, ``PREFIX_OBSERVED`` and ``KV_GROUP_OBSERVED``."""
+prompt's end, a prefix-cache reset that preempted running requests, an in-flight output
+dropped because such a reset preempted its request, a step scheduled under a pause that
+held back a running or waiting request, ``PREFIX_OBSERVED`` and ``KV_GROUP_OBSERVED``."""
 
 
 _NONE_STALE: Set[str] = frozenset()
@@ -216,6 +223,8 @@ class Scheduler:
             DraftProposals: self._update_draft_token_ids,
             AddRequest: self._add_request,
             Abort: self._abort,
+            ResetPrefixCache: self._reset_prefix_cache,
+            SetPauseState: self._set_pause_state,
         }
         self.state = state.copy() if state is not None else self.initial_state(config)
 
@@ -241,6 +250,27 @@ class Scheduler:
 
     def _abort(self, event: Abort) -> None:
         self._finish(event.request_id, FINISHED_ABORTED)
+
+    def _reset_prefix_cache(self, event: ResetPrefixCache) -> None:
+        """``Scheduler.reset_prefix_cache``: the running requests are preempted from the
+        last, so that each goes to the waiting queue's front and they wait in their
+        running order; their output in flight is dropped, as they may resume at once."""
+        state = self.state
+        if event.reset_running_requests:
+            if state.running:
+                self.observed["reset_preempted"] += 1
+            while state.running:
+                victim = state.running.pop()
+                self._preempt(state.requests[victim], drop_stale_output=True)
+                state.preempted_since_step.append(victim)
+        reset = self.kv.reset_prefix_cache(state, self.config.num_gpu_blocks)
+        if event.reset_running_requests and not reset:
+            # vLLM raises here too: only blocks of requests waiting for remote KV (a
+            # connector, outside the subset) can outlive preempting every running one.
+            raise InvalidEvent("reset_prefix_cache: blocks still held with nothing running")
+
+    def _set_pause_state(self, event: SetPauseState) -> None:
+        self.state.pause_state = event.state
 
     def _add_request(self, event: AddRequest) -> None:
         if event.request_id in self.state.requests:
@@ -278,10 +308,20 @@ class Scheduler:
         if len(state.running) + len(state.waiting) <= 1:
             threshold = 0
 
-        self._schedule_running(step, threshold)
-        # Scheduler.schedule: no admissions in a step that had to preempt.
-        if not step.preempted:
-            self._schedule_waiting(step, threshold)
+        # Scheduler.schedule under a pause: paused_all opens the token budget at 0, so
+        # neither loop schedules; paused_new admits only requests holding KV blocks while
+        # they wait, which needs a KV connector (outside the subset): none.
+        pause = state.pause_state
+        if pause == "unpaused":
+            self._schedule_running(step, threshold)
+            # Scheduler.schedule: no admissions in a step that had to preempt.
+            if not step.preempted:
+                self._schedule_waiting(step, threshold)
+        else:
+            if state.waiting or (state.running and pause == "paused_all"):
+                self.observed["paused_with_work"] += 1
+            if pause == "paused_new":
+                self._schedule_running(step, threshold)
 
         scheduled = step.scheduled
         self._update_after_schedule(step)
@@ -290,6 +330,10 @@ class Scheduler:
 
         finished = state.finished_since_step
         state.finished_since_step = []
+        preempted = step.preempted
+        if state.preempted_since_step:
+            preempted = state.preempted_since_step + preempted
+            state.preempted_since_step = []
         # The step's own dicts and lists die with the call: the state keeps them, the
         # record gets copies (so that no consumer of the record can reach the state).
         state.last_padded = step.padded
@@ -297,7 +341,7 @@ class Scheduler:
             step=step_index,
             num_scheduled_tokens=dict(scheduled),
             scheduled_spec_tokens=dict(step.spec),
-            preempted=list(step.preempted),
+            preempted=list(preempted),
             finished=finished,
             target_tokens=totals.target_rows,
             draft_rows=totals.draft_rows,
@@ -461,14 +505,19 @@ class Scheduler:
                 victim = candidate
         return victim
 
-    def _preempt(self, request: RequestState) -> None:
+    def _preempt(self, request: RequestState, drop_stale_output: bool = False) -> None:
         """``Scheduler._preempt_request``: free the blocks, forget the computed tokens and
-        the drafts, go back to the front of the waiting queue."""
+        the drafts, go back to the front of the waiting queue. Output still in flight
+        turns stale (only under async scheduling is any): dropped when it comes if
+        ``drop_stale_output``, or if an earlier drop is still to come, else delivered."""
         self.kv.preempt(self.state, request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         request.num_drafts = 0
         request.num_preemptions += 1
+        request.drop_stale_output = drop_stale_output or (
+            request.drop_stale_output and request.num_stale_output_tokens > 0
+        )
         self.state.waiting.insert(0, request.request_id)
 
     def _schedule_waiting(self, step: OpenStep, threshold: int) -> None:
@@ -484,9 +533,10 @@ class Scheduler:
             if len(state.running) >= kernel.max_active_requests:
                 break
             request = state.requests[self._peek_waiting()]
-            if request.num_stale_output_tokens:
+            if request.num_stale_output_tokens and not request.drop_stale_output:
                 # Resuming now could resample a position its stale output will still
-                # deliver: skip it until that output has come.
+                # deliver: skip it until that output has come (a dropped one delivers
+                # nothing).
                 skipped.append(self._pop_waiting(request.request_id))
                 continue
             room = kernel.room(step.token_budget, step.input_budget)
@@ -664,6 +714,10 @@ class Scheduler:
             if request.status in FINISHED:
                 continue
             is_stale = rid in stale if stale else False
+            if is_stale and request.drop_stale_output:
+                # Its positions may be scheduled again already: the output is dropped.
+                self.observed["stale_output_dropped"] += 1
+                continue
             if num_spec and not is_stale:
                 # A stale rejection count predates the preemption's reset: not applied.
                 rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)

@@ -91,6 +91,10 @@ class RequestState:
     num_stale_output_tokens: int = 0
     """In-flight tokens at the last preemption: output still to come for steps scheduled
     before it, delivered but never rolling back the reset counters."""
+    drop_stale_output: bool = False
+    """``Request.drop_stale_output``: the stale output is dropped when it comes, not
+    delivered (a preemption by ``reset_prefix_cache``, whose requests may resume in the
+    next step); a later preemption keeps it while a dropped share is still to come."""
     token_ids: list[int] | None = None
     """Prefix caching, a request added with ids: its prompt and output token ids (the
     one place the reference keeps ids: its block hashes are made of them)."""
@@ -138,12 +142,17 @@ class SchedulerState:
     picked by ``(priority, arrival_time, request_id)``, as vLLM's heap orders it."""
     finished_since_step: list[str] = field(default_factory=list)
     """vLLM's ``finished_req_ids``: finished since the last ScheduleStep."""
+    preempted_since_step: list[str] = field(default_factory=list)
+    """Preempted between steps (``reset_prefix_cache``): vLLM's ``preempted_req_ids``
+    reports them with the next step's own victims."""
     last_padded: list[str] = field(default_factory=list)
     """Requests whose last-step spec tokens were padding placeholders, not real drafts."""
     in_flight: dict[int, StepInFlight] = field(default_factory=dict)
     """Steps scheduled and not yet answered, by step index (under synchronous scheduling
     only the last one, until its output comes)."""
     num_arrivals: int = 0
+    pause_state: str = "unpaused"
+    """vLLM's ``Scheduler._pause_state`` (``events.PAUSE_STATES``)."""
     block_pool: BlockPool | None = None
     """Prefix caching: the pool's blocks by id (None with caching off, where
     ``free_blocks`` is all the pool there is)."""

@@ -115,10 +115,13 @@ def scenario_json(
     acceptance: Mapping[str, Any],
     drafts: Mapping[str, Any] | None = None,
     stops: Mapping[int, Mapping[str, int]] | None = None,
+    resets: Mapping[int, bool] | None = None,
+    pauses: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """The whole scenario object; ``requests``, ``acceptance`` and ``drafts`` as their
     writers above make them; ``stops`` (natural stops: ``{step: {id: kept tokens}}``)
-    only when there is one."""
+    only when there is one; ``resets`` (``{step: reset_running_requests}``) and ``pauses``
+    (``{step: pause state}``), the engine's calls before a step's schedule, likewise."""
     out: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -131,4 +134,8 @@ def scenario_json(
         out["drafts"] = dict(drafts)
     if stops:
         out["stops"] = table_json(stops)
+    if resets:
+        out["resets"] = {str(step): value for step, value in sorted(resets.items())}
+    if pauses:
+        out["pauses"] = {str(step): value for step, value in sorted(pauses.items())}
     return out

@@ -95,7 +95,7 @@ def test_a_release_differing_in_one_flag_changes_only_the_rows_reading_it() -> N
         before = required_events(layout, base)
         lost = set(before) - set(required_events(layout, no_async_ngram))
         assert lost == (
-            {"async_in_flight", "stale_output", "in_flight_max_tokens_skip"}
+            {"async_in_flight", "stale_output", "in_flight_max_tokens_skip", "stale_output_dropped"}
             if layout == "ngram"
             else set()
         )
