@@ -658,10 +658,11 @@ AIMS: dict[str, Aim] = {
     ),
     # The engine's own calls on the scheduler (EngineCallMachine): a prefix-cache reset
     # that preempts the running requests (their output in flight dropped under async
-    # scheduling, which half the examples draw), a pause and a resume. Prefix caching on,
-    # so that a reset takes hits away, in a pool of two to three full requests (the
-    # reset, not KV pressure, is what preempts); two examples per method at 200, the
-    # first (Hypothesis' simplest) synchronous.
+    # scheduling, which half the examples draw, the first one included), a pause and a
+    # resume. Prefix caching on, so that a reset takes hits away, in a pool of two to
+    # three full requests (the reset, not KV pressure, is what preempts). One example per
+    # method at 200, Hypothesis' simplest, reaches all three of its events: its first
+    # steps, then the reset, then a pause are not drawn but made.
     "engine_calls": Aim(
         ConfigBounds(
             budgets=(Budgets(Span(extra=PerDraft(48))),),
@@ -672,11 +673,11 @@ AIMS: dict[str, Aim] = {
             prefix_caching=True,
         ),
         EngineCallMachine,
-        2,
+        1,
     ),
 }
 """The aims, in the order of a layout's units; ``mixed`` takes the rest of a share, so its
-weight only counts in the total (21). A weight of 1 is one example per method at 200 over
+weight only counts in the total (20). A weight of 1 is one example per method at 200 over
 nine methods: only Hypothesis' first, simplest example, which for ``edge`` never reaches
 the padding boundary (``lone``'s does reach its own); ``edge`` needs three to kill the
 padding rule's five mutants (docs/mutate.md), and ``prefix`` at two left a method's

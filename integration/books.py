@@ -1,5 +1,6 @@
 """Reading vLLM's books around one ``schedule()`` into ``spec.books.RequestBooks``, for the
-monitor's items C7-C11 (``spec.contract.BOOKS``).
+monitor's items C7-C11 (``spec.contract.BOOKS``), and around one engine call between steps
+into ``spec.books.CallBooks``, for C12.
 
 Everything is read from the scheduler object vLLM built, through attributes every release
 from 0.32 on has (``num_output_placeholders``, ``num_computed_tokens``, ``spec_token_ids``,
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dualbudget.spec.books import RequestBooks
+from dualbudget.spec.books import CallBooks, RequestBooks
 
 
 def sampled_per_step(scheduler: Any) -> int:
@@ -67,5 +68,60 @@ def books_after(
             waiting_after=rid in waiting and rid not in running,
             drafts_after=len(request.spec_token_ids or ()),
             blocks_after=sum(tables),
+        )
+    return books
+
+
+Snapshot = dict[str, tuple[bool, int, int, bool, int, int, int, int, int, bool]]
+"""Per unfinished request: running, ``num_tokens``, ``num_in_flight_tokens``, waiting,
+computed tokens, blocks, drafts, placeholders, stale output tokens, ``drop_stale_output``."""
+
+
+def snapshot(scheduler: Any) -> Snapshot:
+    """Every unfinished request's books as vLLM's ``scheduler`` holds them now."""
+    running = {str(request.request_id) for request in scheduler.running}
+    waiting = {str(request.request_id) for request in scheduler.waiting}
+    books = {}
+    for rid, request in scheduler.requests.items():
+        if request.is_finished():
+            continue
+        books[str(rid)] = (
+            str(rid) in running,
+            int(request.num_tokens),
+            int(getattr(request, "num_in_flight_tokens", 0)),
+            str(rid) in waiting and str(rid) not in running,
+            int(request.num_computed_tokens),
+            sum(_tables(scheduler, str(rid))),
+            len(request.spec_token_ids or ()),
+            int(getattr(request, "num_output_placeholders", 0)),
+            int(getattr(request, "num_stale_output_tokens", 0)),
+            bool(getattr(request, "drop_stale_output", False)),
+        )
+    return books
+
+
+def call_books(before: Snapshot, after: Snapshot) -> dict[str, CallBooks]:
+    """The books of every request unfinished before an engine call, from the snapshots
+    taken just before and just after it (a request gone after it is not judged)."""
+    books = {}
+    for rid, then in before.items():
+        now = after.get(rid)
+        if now is None:
+            continue
+        running, tokens, in_flight = then[0], then[1], then[2]
+        _, tokens_after, _, waiting, computed, blocks, drafts, placeholders, stale, drops = now
+        books[rid] = CallBooks(
+            running_before=running,
+            tokens_before=tokens,
+            tokens_after=tokens_after,
+            in_flight_before=in_flight,
+            waiting_after=waiting,
+            computed_after=computed,
+            blocks_after=blocks,
+            drafts_after=drafts,
+            placeholders_after=placeholders,
+            stale_after=stale,
+            drops_stale_after=drops,
+            unchanged=then[:1] + then[2:] == now[:1] + now[2:],
         )
     return books

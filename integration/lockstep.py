@@ -32,7 +32,13 @@ from typing import Any
 
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import EventDriver, drive
-from dualbudget.reference.events import Event, ScheduleStep, StepRecord
+from dualbudget.reference.events import (
+    Event,
+    ResetPrefixCache,
+    ScheduleStep,
+    SetPauseState,
+    StepRecord,
+)
 from dualbudget.reference.scenario import (
     Acceptance,
     RequestSpec,
@@ -47,6 +53,7 @@ from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import profile_named
 
+from .books import call_books, snapshot
 from .coverage import EVENT_NAMES
 from .live import LiveScheduler, Unsupported
 from .monitor import Monitor, MonitorViolation, Wanted, readable, step_seen, wanted_before
@@ -192,6 +199,18 @@ class LiveRun:
     def step(self) -> int:
         """The index of the next step."""
         return self.driver.step
+
+    def _feed_live(self, event: Event) -> None:
+        """Feed ``event`` to the live scheduler; an engine call between steps is judged
+        by the monitor (C12) on vLLM's books just before and just after it."""
+        if not (self.monitored and isinstance(event, ResetPrefixCache | SetPauseState)):
+            self.live.handle(event)
+            return
+        before = snapshot(self.live.scheduler)
+        self.live.handle(event)
+        resets = isinstance(event, ResetPrefixCache) and event.reset_running_requests
+        books = call_books(before, snapshot(self.live.scheduler))
+        self.monitor.judge_call(self.step, repr(event), books, resets_running=resets)
 
     @property
     def requests(self) -> list[RequestSpec]:
@@ -361,7 +380,7 @@ class Lockstep(LiveRun):
             ref_error, crash = f"{type(err).__name__}: {err}", err.crash
         live_raised: Exception | None = None
         try:
-            self.live.handle(event)
+            self._feed_live(event)
         except AdapterFailure:
             raise  # the adapter cannot drive this vLLM: nothing to compare
         except Exception as err:  # vLLM's own assertion: reported, never swallowed

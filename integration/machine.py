@@ -74,6 +74,10 @@ class LockstepMachine(RuleBasedStateMachine):
         # that a victim can be one already scheduled in the step.
         return st.integers(0 if late else 2, 3)
 
+    def async_strategy(self) -> st.SearchStrategy[bool]:
+        # Hypothesis' simplest example, every unit's first, runs synchronously.
+        return st.booleans()
+
     def arrive_between_steps(self, lock: Lockstep, data: st.DataObject) -> None:
         """Arrivals between two steps of one ``run_steps`` rule: none by default."""
 
@@ -100,7 +104,7 @@ class LockstepMachine(RuleBasedStateMachine):
             self.draws_async_and_stops
             and spec is not None
             and runs_async(spec, profile_named(run.profile).release)
-            and data.draw(st.booleans(), label="async_scheduling")
+            and data.draw(self.async_strategy(), label="async_scheduling")
         ):
             config = replace(config, async_scheduling=True)
         try:
@@ -415,11 +419,17 @@ class EngineCallMachine(PrefixMachine):
     calls on the scheduler between steps. Every example, Hypothesis' simplest included,
     resets the prefix cache with its running requests preempted after its first steps,
     steps on (resuming them while their output in flight is dropped, under async
-    scheduling), then pauses and resumes; the rules repeat both at drawn moments."""
+    scheduling, which the simplest example runs where the drafter does), then pauses and
+    resumes; the rules repeat both at drawn moments."""
 
     def output_strategy(self, limit: int) -> st.SearchStrategy[int]:
         # Outputs long enough to be running, with an output in flight, at the reset.
         return st.integers(4, limit)
+
+    def async_strategy(self) -> st.SearchStrategy[bool]:
+        # The simplest example async where the drafter runs it: its reset then finds an
+        # output in flight to drop, in every unit's first example.
+        return st.sampled_from([True, False])
 
     def begin(self, config: EngineConfig, data: st.DataObject) -> None:
         super().begin(config, data)

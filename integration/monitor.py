@@ -51,6 +51,10 @@ the layout's true draft rows ``C(q)`` (``spec.methods``), never on a policy's ch
   read off vLLM's request and KV managers (``integration.books``) and judged by the
   predicates of ``spec.books``; ``books_judged`` counts the request-steps each item
   stood on, so a count of no violation names its work.
+- **C12, the engine calls** (every request unfinished before a ``reset_prefix_cache`` or
+  ``set_pause_state`` between steps): what the call left of each request's books, read
+  just before and just after it (``judge_call``), counted in ``books_judged`` per
+  request and call.
 
 Violations are collected, never raised: the lockstep's verdict is the reference's, the
 monitor's is reported beside it (``integration.outcome``).
@@ -63,8 +67,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dualbudget.spec.books import (
+    CallBooks,
     RequestBooks,
     drafts_within_rows,
+    engine_call_kept,
     placeholders_kept,
     preemption_released,
     slots_ahead,
@@ -81,8 +87,9 @@ from dualbudget.spec.policies import StepParams
 
 from .books import books_after, sampled_per_step
 
-BOOKS_MONITORED = ("C7", "C8", "C9", "C10", "C11")
-"""The scheduler's books (``spec.contract.BOOKS``), all checked on every live step."""
+BOOKS_MONITORED = ("C7", "C8", "C9", "C10", "C11", "C12")
+"""The scheduler's books (``spec.contract.BOOKS``): C7-C11 checked on every live step,
+C12 on every engine call between steps."""
 MONITORED = ("C3", "C4", "C5", *BOOKS_MONITORED)
 """The contract items the monitor checks on every live step."""
 
@@ -165,8 +172,9 @@ class Monitor:
         self.violations: list[MonitorViolation] = []
         self.steps = 0
         self.books_judged: dict[str, int] = dict.fromkeys(BOOKS_MONITORED, 0)
-        """Per book item, the request-steps it was judged on (C9: those whose slots are
-        bounded by their blocks): what a count of no violation stands on."""
+        """Per book item, the request-steps (C12: request-calls) it was judged on (C9:
+        those whose slots are bounded by their blocks): what a count of no violation
+        stands on."""
         self.in_flight = False
         """Async scheduling: the last step judged scheduled something, so its output is
         still in flight while the next step schedules."""
@@ -176,6 +184,19 @@ class Monitor:
         found = self._c3(seen) + self._c4(seen) + self._c5(seen) + self._books(seen)
         self.in_flight = self.config.async_scheduling and bool(seen.scheduled)
         self.steps += 1
+        self.violations += found
+        return found
+
+    def judge_call(
+        self, step: int, call: str, books: Mapping[str, CallBooks], *, resets_running: bool
+    ) -> list[MonitorViolation]:
+        """C12 on one engine call made before step ``step`` (``call`` names it): the
+        violations, also kept in ``violations``."""
+        found = []
+        for rid, request in books.items():
+            self.books_judged["C12"] += 1
+            if not engine_call_kept(request, resets_running=resets_running):
+                found.append(MonitorViolation("C12", step, f"{call}: request {rid}: {request}"))
         self.violations += found
         return found
 

@@ -135,7 +135,7 @@ class LiveAlone(Lockstep):
         if isinstance(event, ScheduleStep):
             return self._schedule_alone()
         try:
-            self.live.handle(event)
+            self._feed_live(event)
         except AdapterFailure:
             raise  # the adapter cannot drive this vLLM: not vLLM failing
         except Exception as err:  # vLLM's own assertion: the example ends here

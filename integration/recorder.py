@@ -17,7 +17,9 @@ step it answers and the requests vLLM stopped on EOS or a stop token
 (``FINISHED_STOPPED``), with the tokens each kept. Under prefix caching each request's
 ``add_request`` carries vLLM's block hashes of its prompt (``Request.block_hashes``, as hex)
 and each model output the hashes every request gained in that update, so that replay
-reproduces every hit from vLLM's own hashes without a token id in the trace.
+reproduces every hit from vLLM's own hashes without a token id in the trace. The engine's
+own calls between steps, ``reset_prefix_cache`` and ``set_pause_state``, are recorded as
+it makes them.
 
 The recorder only reads: every call goes to vLLM's own method unchanged, and what it
 writes is taken from the arguments and results (``tests/test_recorder_live.py`` runs one
@@ -40,6 +42,8 @@ from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
     ModelOutput,
+    ResetPrefixCache,
+    SetPauseState,
 )
 from dualbudget.reference.settings import (
     ENGINE_SETTINGS,
@@ -461,6 +465,19 @@ def _build(base_path: str) -> type:
             for request in finished:
                 self._trace.write(Abort(str(request.request_id)))
             return finished
+
+        def reset_prefix_cache(
+            self, reset_running_requests: bool = False, *args: Any, **kw: Any
+        ) -> Any:
+            # Written after vLLM's call, as a finish is: a call vLLM raises on leaves no
+            # line. reset_connector passes through unrecorded: no connector is modelled.
+            reset = super().reset_prefix_cache(reset_running_requests, *args, **kw)
+            self._trace.write(ResetPrefixCache(bool(reset_running_requests)))
+            return reset
+
+        def set_pause_state(self, pause_state: Any) -> None:
+            super().set_pause_state(pause_state)
+            self._trace.write(SetPauseState(str(pause_state.name).lower()))
 
         def shutdown(self) -> None:
             self._trace.close()

@@ -39,7 +39,17 @@ from dualbudget.spec.profiles import profile_named, release_profile
 from dualbudget.spec.releases import release_of
 
 from .driver import Reference, ScenarioRun, drive
-from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, ScheduleStep, StepRecord
+from .events import (
+    Abort,
+    AddRequest,
+    DraftProposals,
+    Event,
+    ModelOutput,
+    ResetPrefixCache,
+    ScheduleStep,
+    SetPauseState,
+    StepRecord,
+)
 from .replay import check_settings
 from .scenario import Acceptance, RequestSpec, Scenario, validate
 from .scheduler import PREFIX_OBSERVED
@@ -580,7 +590,8 @@ def to_json(
 # -- a workload from a recorded trace -------------------------------------------------
 def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     """A what-if workload from a recorded trace: its config, its requests arriving at the
-    steps they arrived (aborts likewise), and the acceptance it measured.
+    steps they arrived (aborts, prefix-cache resets and pauses likewise), and the
+    acceptance it measured.
 
     Acceptance is kept as empirical per-position rates (position ``j`` accepted given
     ``j-1`` was), not as a per-step table: under another profile the same step schedules
@@ -603,6 +614,8 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     check_settings(trace, profile_named(profile) if release is None else release_profile(release))
     arrivals: dict[str, tuple[AddRequest, int]] = {}
     aborts: dict[str, int] = {}
+    resets: dict[int, bool] = {}
+    pauses: dict[int, str] = {}
     reached: list[int] = []
     accepted: list[int] = []
     steps = 0
@@ -619,6 +632,13 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
             arrivals[entry.request_id] = (entry, steps)
         elif isinstance(entry, Abort):
             aborts.setdefault(entry.request_id, steps)
+        elif isinstance(entry, ResetPrefixCache):
+            # A scenario holds one reset before a step: one that resets the running
+            # requests does all a plain one does and more.
+            resets[steps] = resets.get(steps, False) or entry.reset_running_requests
+        elif isinstance(entry, SetPauseState):
+            # The state the step is scheduled in is the last one set before it.
+            pauses[steps] = entry.state
         elif isinstance(entry, DraftProposals):
             proposed_none = {rid for rid, n in entry.num_drafts.items() if n == 0}
         elif isinstance(entry, ModelOutput):
@@ -657,7 +677,16 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
         for rid, (event, step) in arrivals.items()
     )
     acceptance = Acceptance(fixed=None, per_position=rates, seed=seed)
-    return validate(Scenario(profile, trace.header.config, requests, acceptance))
+    return validate(
+        Scenario(
+            profile,
+            trace.header.config,
+            requests,
+            acceptance,
+            resets=resets or None,
+            pauses=pauses or None,
+        )
+    )
 
 
 def prompt_ids_from_hashes(

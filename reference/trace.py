@@ -1,16 +1,19 @@
-"""The trace format ``dualbudget-trace``: NDJSON, one object per line, written at version 4
-and read at versions 1 to 4.
+"""The trace format ``dualbudget-trace``: NDJSON, one object per line, written at version 5
+and read at versions 1 to 5.
 
 What each line may hold, per version, is its schema (``reference/trace_schema.py``;
 docs/design.md §4.3 renders its tables): the header first, then, in the order they
 happened, the events that came from outside the scheduler (``add_request``, ``abort``,
-``model_output``, ``draft_proposals``) and the decisions it made (``step``), and last
-``{"event": "end", "steps": N}``: a trace without it was cut short. Only budget-relevant
-fields are kept: no token ids, no prompts. Prefix caching's hits are reproduced from
-vLLM's own block hashes (``Request.block_hashes``, as hex): only their equality matters,
-so they carry no token content. From version 4 each step line may also hold vLLM's free KV
-blocks once the step was scheduled, which replay compares with the reference's pool. A file
-named ``*.gz`` is read through gzip (a burst of thousands of arrivals compresses well).
+``reset_prefix_cache``, ``set_pause_state``, ``model_output``, ``draft_proposals``) and
+the decisions it made (``step``), and last ``{"event": "end", "steps": N}``: a trace
+without it was cut short. Only budget-relevant fields are kept: no token ids, no prompts.
+Prefix caching's hits are reproduced from vLLM's own block hashes (``Request.block_hashes``,
+as hex): only their equality matters, so they carry no token content. From version 4 each
+step line may also hold vLLM's free KV blocks once the step was scheduled, which replay
+compares with the reference's pool. From version 5 the engine's own calls on the scheduler
+between steps (a prefix-cache reset, a pause or a resume) have lines of their own: a reader
+of versions up to 4 refuses such a trace at its header, not at a line it cannot read. A
+file named ``*.gz`` is read through gzip (a burst of thousands of arrivals compresses well).
 
 Beyond each line's schema the reader checks what takes the whole trace: the end line's
 count, the step a model output answers, and the block hashes against the trace's own
@@ -33,7 +36,16 @@ from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.releases import release_of
 
-from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
+from .events import (
+    Abort,
+    AddRequest,
+    DraftProposals,
+    Event,
+    ModelOutput,
+    ResetPrefixCache,
+    SetPauseState,
+    StepRecord,
+)
 from .scenario import config_to_json
 from .schemas import first_error
 from .settings import SETTINGS_IN_CONFIG, Json, assumed_request_settings, assumed_settings
@@ -145,6 +157,13 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
         return obj
     if isinstance(entry, Abort):
         return {"event": "abort", "request_id": entry.request_id}
+    if isinstance(entry, ResetPrefixCache):
+        return {
+            "event": "reset_prefix_cache",
+            "reset_running_requests": entry.reset_running_requests,
+        }
+    if isinstance(entry, SetPauseState):
+        return {"event": "set_pause_state", "state": entry.state}
     if isinstance(entry, ModelOutput):
         obj = {
             "event": "model_output",
@@ -269,7 +288,9 @@ def read_trace(path: str | Path) -> Trace:
             line = read_line(text)
         except ValidationError as err:
             field_path, message = first_error(err)
-            if message == "unknown key" and header.version < VERSION:
+            # A key or a line kind a later version added: say which version was read.
+            later = message == "unknown key" or field_path == "event"
+            if later and header.version < VERSION:
                 message += f" in a version-{header.version} trace"
             raise TraceError(f"{where}: {': '.join(filter(None, (field_path, message)))}") from None
         if isinstance(line, EndLine):

@@ -19,8 +19,17 @@ from pydantic import Field, TypeAdapter, create_model, model_validator
 
 from dualbudget.spec.config import EngineConfig
 
-from .events import Abort, AddRequest, DraftProposals, Event, ModelOutput, StepRecord
-from .scenario import ConfigJson
+from .events import (
+    Abort,
+    AddRequest,
+    DraftProposals,
+    Event,
+    ModelOutput,
+    ResetPrefixCache,
+    SetPauseState,
+    StepRecord,
+)
+from .scenario import ConfigJson, PauseStateName
 from .schemas import FieldError, Schema, dataclass_default, schema_heading, schema_table
 from .settings import SETTINGS, SETTINGS_IN_CONFIG, Json, Setting
 
@@ -74,8 +83,9 @@ class _Header(Schema):
 
     format: str = Field(description=f'`"{FORMAT}"`')
     version: int = Field(
-        description="the format version: `4` is written, `1` to `3` are read (a version-3"
-        " trace is a version-4 one without `num_free_blocks`)"
+        description="the format version: `5` is written, `1` to `4` are read (a version-4"
+        " trace is a version-5 one without `reset_prefix_cache` and `set_pause_state` lines,"
+        " a version-3 one also without `num_free_blocks`)"
     )
     vllm_version: str = Field(description="the vLLM release that recorded it, e.g. `0.33.0`")
     source: Source = Field(
@@ -184,6 +194,33 @@ class AbortLine(Schema):
 
     def entry(self) -> Event:
         return Abort(self.request_id)
+
+
+class ResetPrefixCacheLine(Schema):
+    """The engine resets the prefix cache (vLLM's ``reset_prefix_cache``), from version 5."""
+
+    event: Literal["reset_prefix_cache"]
+    reset_running_requests: bool = Field(
+        default=dataclass_default(ResetPrefixCache, "reset_running_requests"),
+        description="whether every running request was preempted first, its output in flight"
+        " dropped (else the pool forgets its cached hashes only if no block is held)",
+    )
+
+    def entry(self) -> Event:
+        return ResetPrefixCache(self.reset_running_requests)
+
+
+class SetPauseStateLine(Schema):
+    """The engine pauses or resumes scheduling (vLLM's ``set_pause_state``), from version 5."""
+
+    event: Literal["set_pause_state"]
+    state: PauseStateName = Field(
+        description="vLLM's `PauseState`, lowercased: `paused_new` admits no waiting request,"
+        " `paused_all` schedules nothing, `unpaused` resumes"
+    )
+
+    def entry(self) -> Event:
+        return SetPauseState(self.state)
 
 
 class StepLineV1(Schema):
@@ -316,7 +353,14 @@ class EndLine(Schema):
 
 
 AnyLine = (
-    AddRequestLineV1 | AbortLine | StepLineV1 | ModelOutputLineV1 | DraftProposalsLine | EndLine
+    AddRequestLineV1
+    | AbortLine
+    | ResetPrefixCacheLine
+    | SetPauseStateLine
+    | StepLineV1
+    | ModelOutputLineV1
+    | DraftProposalsLine
+    | EndLine
 )
 """A line after the header, of any version (a later version's line extends the earlier)."""
 LinesV1 = Annotated[
@@ -331,8 +375,19 @@ LinesV3 = Annotated[
     AddRequestLine | AbortLine | StepLineV1 | ModelOutputLine | DraftProposalsLine | EndLine,
     Field(discriminator="event"),
 ]
-Lines = Annotated[
+LinesV4 = Annotated[
     AddRequestLine | AbortLine | StepLine | ModelOutputLine | DraftProposalsLine | EndLine,
+    Field(discriminator="event"),
+]
+Lines = Annotated[
+    AddRequestLine
+    | AbortLine
+    | ResetPrefixCacheLine
+    | SetPauseStateLine
+    | StepLine
+    | ModelOutputLine
+    | DraftProposalsLine
+    | EndLine,
     Field(discriminator="event"),
 ]
 
@@ -349,7 +404,8 @@ VERSIONS: dict[int, FormatVersion] = {
     1: FormatVersion(HeaderV1, LinesV1),
     2: FormatVersion(HeaderV2, LinesV2),
     3: FormatVersion(Header, LinesV3),
-    4: FormatVersion(Header, Lines),
+    4: FormatVersion(Header, LinesV4),
+    5: FormatVersion(Header, Lines),
 }
 """Every version read; the last is the one written."""
 
@@ -371,7 +427,17 @@ def trace_markdown() -> str:
     beyond the step record of §4.2), as the version written holds them (docs/design.md
     §4.3 renders them)."""
     parts = [f"{schema_heading(Header)}\n\n{schema_table(Header)}"]
-    for line in (AddRequestLine, AbortLine, StepLine, ModelOutputLine, DraftProposalsLine, EndLine):
+    lines = (
+        AddRequestLine,
+        AbortLine,
+        ResetPrefixCacheLine,
+        SetPauseStateLine,
+        StepLine,
+        ModelOutputLine,
+        DraftProposalsLine,
+        EndLine,
+    )
+    for line in lines:
         (event,) = get_args(line.model_fields["event"].annotation)
         heading = f'`{{"event": "{event}"}}`: {schema_heading(line)}'
         # A step line is the step record (§4.2) and what the version adds to it.

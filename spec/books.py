@@ -1,5 +1,5 @@
-"""The predicates of the scheduler's books (C7-C11 of ``contract.BOOKS``), over one
-request's books around one step as any vLLM keeps them.
+"""The predicates of the scheduler's books (``contract.BOOKS``), over one request's books
+around one step (C7-C11) or one engine call between steps (C12) as any vLLM keeps them.
 
 The budget items C1-C6 are stated over ``arith`` so that the proofs can run them on z3
 terms; these are about how an implementation keeps its books, not about a policy's
@@ -102,4 +102,47 @@ def preemption_released(books: RequestBooks) -> bool:
         and books.drafts_after == 0
         and books.placeholders_after == 0
         and books.waiting_after
+    )
+
+
+@dataclass(frozen=True)
+class CallBooks:
+    """One unfinished request's books just before and just after one engine call between
+    steps (``reset_prefix_cache``, ``set_pause_state``)."""
+
+    running_before: bool
+    tokens_before: int
+    tokens_after: int
+    """``num_tokens``: its prompt and accepted output."""
+    in_flight_before: int
+    """``num_in_flight_tokens`` before the call: tokens of steps whose output is to come."""
+    waiting_after: bool
+    computed_after: int
+    blocks_after: int
+    drafts_after: int
+    placeholders_after: int
+    stale_after: int
+    drops_stale_after: bool
+    """``drop_stale_output`` after the call: its stale output will be dropped."""
+    unchanged: bool
+    """Whether every field above but the tokens reads after the call as before it."""
+
+
+def engine_call_kept(books: CallBooks, *, resets_running: bool) -> bool:
+    """C12 engine calls: no accepted token lost; with ``resets_running`` (a prefix-cache
+    reset of the running requests) a request running before waits after it with nothing
+    computed, held or drafted, its output in flight stale and to be dropped; any other
+    request is left as it was."""
+    if books.tokens_after != books.tokens_before:
+        return False
+    if not (resets_running and books.running_before):
+        return books.unchanged
+    return (
+        books.waiting_after
+        and books.computed_after == 0
+        and books.blocks_after == 0
+        and books.drafts_after == 0
+        and books.placeholders_after == 0
+        and books.stale_after == books.in_flight_before
+        and (books.drops_stale_after or books.in_flight_before == 0)
     )

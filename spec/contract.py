@@ -130,10 +130,25 @@ BOOKS: tuple[ContractItem, ...] = (
         "vLLM's Scheduler._preempt_request (blocks freed, num_computed_tokens = 0,"
         " spec_token_ids and placeholders cleared, the request prepended to waiting).",
     ),
+    ContractItem(
+        "C12",
+        "engine calls",
+        "the engine's calls between steps lose no accepted token: a prefix-cache reset that"
+        " resets the running requests leaves each of them waiting with all its tokens, no"
+        " KV blocks, computed tokens, drafts or output placeholders, and its output still"
+        " in flight counted stale (to be dropped, not delivered); every other request, and"
+        " every request at a pause or a resume, is left exactly as it was.",
+        "safety",
+        "vLLM's Scheduler.reset_prefix_cache (running requests preempted with"
+        " drop_stale_output, the comment that a same-step resume would otherwise deliver"
+        " tokens out of order) and set_pause_state, which only sets the state the next"
+        " schedule() reads.",
+    ),
 )
 """The contract's second family: the scheduler's books beside the budgets, judged by the
-monitor on every live step of any vLLM (``integration.books``) from vLLM's own state,
-never by agreement with the reference. Their predicates are ``spec.books``."""
+monitor on every live step (C7-C11) and every engine call between steps (C12) of any vLLM
+(``integration.books``) from vLLM's own state, never by agreement with the reference.
+Their predicates are ``spec.books``."""
 BOOKS_IDS: tuple[str, ...] = tuple(item.id for item in BOOKS)
 
 

@@ -1,5 +1,6 @@
-"""The scheduler's books C7-C11 (``spec.books``), each on a hand-worked step that keeps it
-and one that breaks it, and the monitor naming the item it finds broken."""
+"""The scheduler's books C7-C12 (``spec.books``), each on a hand-worked step (C12: engine
+call) that keeps it and one that breaks it, and the monitor naming the item it finds
+broken."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 
 from dualbudget.integration.monitor import BOOKS_MONITORED, Monitor, StepSeen
 from dualbudget.spec.books import (
+    CallBooks,
     RequestBooks,
     drafts_within_rows,
+    engine_call_kept,
     placeholders_kept,
     preemption_released,
     slots_ahead,
@@ -55,7 +58,7 @@ PREEMPTED = replace(
 
 
 def test_the_books_are_items_of_their_own_stated_once() -> None:
-    assert BOOKS_IDS == ("C7", "C8", "C9", "C10", "C11")
+    assert BOOKS_IDS == ("C7", "C8", "C9", "C10", "C11", "C12")
     assert not set(BOOKS_IDS) & set(CONTRACT_IDS)
     assert BOOKS_MONITORED == BOOKS_IDS
     for item in BOOKS_IDS:
@@ -211,8 +214,74 @@ def test_the_monitor_counts_the_request_steps_each_item_stands_on() -> None:
     )
     assert not monitor.judge(seen)
     # C9 is not judged where a group's slots are not bounded by its blocks.
-    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2}
+    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2, "C12": 0}
     # A step whose books were not read (a stand-in scheduler) adds nothing.
     monitor.judge(replace(seen, books=None))
-    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2}
+    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2, "C12": 0}
     assert set(monitor.books_judged) == set(BOOKS_MONITORED)
+    # C12 counts each request an engine call leaves, whatever the call.
+    monitor.judge_call(1, "pause", {"a": UNTOUCHED, "b": UNTOUCHED}, resets_running=False)
+    assert monitor.books_judged["C12"] == 2
+
+
+RESET_VICTIM = CallBooks(
+    running_before=True,
+    tokens_before=20,
+    tokens_after=20,
+    in_flight_before=4,
+    waiting_after=True,
+    computed_after=0,
+    blocks_after=0,
+    drafts_after=0,
+    placeholders_after=0,
+    stale_after=4,
+    drops_stale_after=True,
+    unchanged=False,
+)
+"""A request of 20 known tokens running at a reset of the running requests, one step of
+1 + K = 4 tokens in flight: it waits with nothing computed or held, the 4 stale."""
+UNTOUCHED = replace(
+    RESET_VICTIM,
+    running_before=False,
+    in_flight_before=0,
+    stale_after=0,
+    drops_stale_after=False,
+    unchanged=True,
+)
+"""A request the call leaves as it was (waiting at the reset, or any request at a pause)."""
+
+
+def test_c12_a_reset_victim_waits_with_all_its_tokens_and_its_output_dropped() -> None:
+    assert engine_call_kept(RESET_VICTIM, resets_running=True)
+    # Its output in flight delivered, not dropped: tokens for positions it may
+    # schedule again in the next step.
+    assert not engine_call_kept(replace(RESET_VICTIM, drops_stale_after=False), resets_running=True)
+    # Nothing in flight: nothing to drop, the flag is moot.
+    idle = replace(RESET_VICTIM, in_flight_before=0, stale_after=0, drops_stale_after=False)
+    assert engine_call_kept(idle, resets_running=True)
+    # An accepted token lost, or blocks kept, or not waiting.
+    assert not engine_call_kept(replace(RESET_VICTIM, tokens_after=19), resets_running=True)
+    assert not engine_call_kept(replace(RESET_VICTIM, blocks_after=2), resets_running=True)
+    assert not engine_call_kept(replace(RESET_VICTIM, waiting_after=False), resets_running=True)
+
+
+def test_c12_any_other_call_leaves_every_request_as_it_was() -> None:
+    assert engine_call_kept(UNTOUCHED, resets_running=True)
+    assert engine_call_kept(UNTOUCHED, resets_running=False)
+    # A pause (or a reset that keeps the running requests) that touches a request.
+    assert not engine_call_kept(replace(UNTOUCHED, unchanged=False), resets_running=False)
+    assert not engine_call_kept(RESET_VICTIM, resets_running=False)
+
+
+def test_the_monitor_names_a_broken_engine_call() -> None:
+    config = EngineConfig(
+        max_num_batched_tokens=64, max_num_seqs=8, max_model_len=MAX_MODEL_LEN, block_size=16,
+        num_gpu_blocks=64, async_scheduling=True,
+    )  # fmt: skip
+    monitor = Monitor(config)
+    broken = replace(RESET_VICTIM, drops_stale_after=False)
+    found = monitor.judge_call(
+        3, "ResetPrefixCache", {"a": RESET_VICTIM, "b": broken}, resets_running=True
+    )
+    assert [(v.contract, v.step) for v in found] == [("C12", 3)]
+    assert "request b" in found[0].message and monitor.violations == found

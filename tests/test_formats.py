@@ -18,6 +18,8 @@ from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
     ModelOutput,
+    ResetPrefixCache,
+    SetPauseState,
     StepRecord,
 )
 from dualbudget.reference.scenario import (
@@ -167,13 +169,25 @@ def test_a_scenario_that_is_no_object_is_named_as_a_whole() -> None:
 
 
 # -- the trace ---------------------------------------------------------------------------
-ENTRIES: list[AddRequest | Abort | StepRecord | ModelOutput | DraftProposals] = [
+Entry = (
+    AddRequest | Abort | ResetPrefixCache | SetPauseState | StepRecord | ModelOutput | DraftProposals
+)
+ENGINE_CALLS: list[Entry] = [
+    ResetPrefixCache(reset_running_requests=True),
+    SetPauseState("paused_all"),
+    ResetPrefixCache(),
+    SetPauseState("unpaused"),
+]
+"""Lines 8 to 11 of the trace below: every line kind version 5 added, each value."""
+ENGINE_CALL_EVENTS = {"reset_prefix_cache", "set_pause_state"}
+ENTRIES: list[Entry] = [
     AddRequest("a", 48, 3, priority=1, arrival_time=0.5, block_hashes=("0a", "0b")),
     AddRequest("b", 8, 2),
     StepRecord(0, {"a": 48, "b": 8}, {}, [], [], 56, 56, {"token_budget": 0}),
     ModelOutput({"a": 1, "b": 1}, {"b": 1}, 0, block_hashes={"a": ("0c",)}),
     DraftProposals({"a": 2}),
     Abort("a"),
+    *ENGINE_CALLS,
     StepRecord(1, {}, {}, [], ["a", "b"], 0, 0),
 ]
 CONFIG = EngineConfig(64, 4, 128, 16, 64, speculative_config=SpeculativeConfig("draft_model", 2))
@@ -222,8 +236,8 @@ BAD_TRACES: dict[str, tuple[Callable[[list[str]], None], str]] = {
     ),
     "unknown-event": (
         _mangle_line(7, lambda o: o.update(event="abortion")),
-        " line 7: event: must be one of 'add_request', 'abort', 'step', 'model_output',"
-        " 'draft_proposals', 'end', got 'abortion'",
+        " line 7: event: must be one of 'add_request', 'abort', 'reset_prefix_cache',"
+        " 'set_pause_state', 'step', 'model_output', 'draft_proposals', 'end', got 'abortion'",
     ),
     "no-event": (_mangle_line(7, lambda o: o.pop("event")), " line 7: event: missing"),
     "no-stopped": (
@@ -237,6 +251,18 @@ BAD_TRACES: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "not-hex": (
         _mangle_line(2, lambda o: o.update(block_hashes=["0A"])),
         " line 2: add_request.block_hashes[0]: must match ^[0-9a-f]+$, got '0A'",
+    ),
+    "reset-flag": (
+        _mangle_line(8, lambda o: o.update(reset_running_requests="yes")),
+        " line 8: reset_prefix_cache.reset_running_requests: must be true or false, got 'yes'",
+    ),
+    "pause-state": (
+        _mangle_line(9, lambda o: o.update(state="paused")),
+        " line 9: set_pause_state.state: must be one of unpaused, paused_new, paused_all",
+    ),
+    "no-pause-state": (
+        _mangle_line(11, lambda o: o.pop("state")),
+        " line 11: set_pause_state.state: missing",
     ),
     "request-setting": (
         _mangle_line(3, lambda o: o.update(settings={"watermark": 0.1})),
@@ -270,6 +296,38 @@ def test_a_bad_trace_is_one_line_naming_line_and_field(
     assert str(raised.value) == f"trace {str(path)!r}{message}"
 
 
+def test_a_reset_left_at_its_default_reads_as_the_events_default(tmp_path: Path) -> None:
+    path = tmp_path / "t.ndjson"
+    lines = write_trace(path)
+    assert json.loads(lines[9]) == {"event": "reset_prefix_cache", "reset_running_requests": False}
+    lines[9] = json.dumps({"event": "reset_prefix_cache"})
+    path.write_text("\n".join(lines) + "\n")
+    assert read_trace(path).entries == tuple(ENTRIES)
+
+
+def test_the_engine_calls_are_lines_of_version_5_on(tmp_path: Path) -> None:
+    """A version-4 trace holds no engine call (its reader would refuse one): such a line
+    in it is refused naming the version, and without them it reads as it always did."""
+    path = tmp_path / "t.ndjson"
+    lines = write_trace(path)
+    header = json.loads(lines[0])
+    assert header["version"] == VERSION == 5
+    header["version"] = 4
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert str(raised.value) == (
+        f"trace {str(path)!r} line 8: event: must be one of 'add_request', 'abort', 'step',"
+        " 'model_output', 'draft_proposals', 'end', got 'reset_prefix_cache' in a version-4"
+        " trace"
+    )
+    kept = [line for line in lines[1:] if json.loads(line)["event"] not in ENGINE_CALL_EVENTS]
+    path.write_text("\n".join([json.dumps(header), *kept]) + "\n")
+    trace = read_trace(path)
+    assert trace.header.version == 4
+    assert trace.entries == tuple(e for e in ENTRIES if e not in ENGINE_CALLS)
+
+
 def test_a_header_holds_the_settings_its_version_records(tmp_path: Path) -> None:
     path = tmp_path / "t.ndjson"
     lines = write_trace(path)
@@ -279,8 +337,9 @@ def test_a_header_holds_the_settings_its_version_records(tmp_path: Path) -> None
     for name in later:
         del header["settings"][name]
     header["version"] = 2
-    # Version 2 holds no block hashes either.
+    # Version 2 holds no block hashes either, nor the engine's calls.
     objects = [json.loads(line) for line in lines[1:]]
+    objects = [obj for obj in objects if obj["event"] not in ENGINE_CALL_EVENTS]
     for obj in objects:
         obj.pop("block_hashes", None)
     lines = [json.dumps(obj) for obj in objects]

@@ -14,7 +14,7 @@ import pytest
 from dualbudget import TRACES
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.synthetic_trace import write_synthetic_trace
-from dualbudget.reference.trace import TraceError, read_trace
+from dualbudget.reference.trace import VERSION, TraceError, read_trace
 from dualbudget.reference.workload import preset
 
 SHIPPED = TRACES
@@ -86,8 +86,8 @@ def test_another_profile_diverges(tmp_path: Path) -> None:
         (lambda lines: lines[:-1], "truncated: no end line"),
         (lambda lines: [*lines[:5], "{not json", *lines[5:]], "corrupt JSON"),
         (
-            lambda lines: [lines[0].replace('"version":4', '"version":7'), *lines[1:]],
-            "version 7, this reads versions 1, 2, 3 and 4 only",
+            lambda lines: [lines[0].replace(f'"version":{VERSION}', '"version":7'), *lines[1:]],
+            "version 7, this reads versions 1, 2, 3, 4 and 5 only",
         ),
         (
             lambda lines: [lines[0].replace("dualbudget-trace", "other"), *lines[1:]],
@@ -353,7 +353,9 @@ def test_only_a_step_carries_free_blocks(tmp_path: Path) -> None:
 def test_a_bad_free_block_count_exits_2_naming_it(
     tmp_path: Path, trace_lines: list[str], version: int, count: int, needle: str
 ) -> None:
-    lines = [trace_lines[0].replace('"version":4', f'"version":{version}')]
+    written = f'"version":{VERSION}'
+    assert written in trace_lines[0]
+    lines = [trace_lines[0].replace(written, f'"version":{version}')]
     for line in trace_lines[1:]:
         obj = json.loads(line)
         if obj["event"] == "step":

@@ -406,12 +406,32 @@ class ComputedKeptOnPreemption(_OneEdit):
         return node
 
 
+class StaleOutputDeliveredAtReset(_OneEdit):
+    """C12: ``reset_prefix_cache`` preempts the running requests without dropping their
+    output in flight, which then arrives for positions they may have scheduled again."""
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        if node.name != "reset_prefix_cache":
+            return node
+        for keyword in ast.walk(node):
+            if (
+                isinstance(keyword, ast.keyword)
+                and keyword.arg == "drop_stale_output"
+                and isinstance(keyword.value, ast.Constant)
+                and keyword.value.value is True
+            ):
+                self.changed += 1
+                keyword.value = ast.Constant(False)
+        return node
+
+
 BOOKS_BROKEN: dict[str, tuple[str, type[_OneEdit]]] = {
     "C7": ("v1/core/sched/async_scheduler.py", DraftPlaceholdersForgotten),
     "C8": (SCHEDULER_MODULE, DraftsUntrimmed),
     "C9": (SCHEDULER_MODULE, LookaheadSlotsForgotten),
     "C10": (SCHEDULER_MODULE, SampledRoomForgotten),
     "C11": (SCHEDULER_MODULE, ComputedKeptOnPreemption),
+    "C12": (SCHEDULER_MODULE, StaleOutputDeliveredAtReset),
 }
 """Each item of the books, the module its planted edit changes and the edit."""
 
