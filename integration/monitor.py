@@ -1,5 +1,5 @@
 """The contract as a runtime monitor: every live step of any vLLM scheduler checked for C3,
-C4, the decidable part of C5 and the scheduler's books C7-C11, from vLLM's own scheduler
+C4, the decidable part of C5 and the scheduler's books C7-C12, from vLLM's own scheduler
 output and state alone.
 
 The monitor is a second opinion beside the lockstep, independent of the reference: it

@@ -72,11 +72,14 @@ def drafts_within_rows(books: RequestBooks, *, num_speculative_tokens: int) -> b
 
 def slots_ahead(books: RequestBooks, *, num_lookahead_tokens: int, max_model_len: int) -> bool:
     """C9 slots ahead: a scheduled request's tables hold, in every group, slots for its
-    computed tokens after the step plus the drafting lookahead, capped at
+    computed tokens after the step, plus the drafting lookahead where the step reaches the
+    end of its known tokens (it samples, and the drafter drafts past them), capped at
     ``max_model_len``; not judged where the slots are not bounded by its blocks."""
     if not books.scheduled or books.slots_after is None:
         return True
-    needed = min(books.computed_after + num_lookahead_tokens, max_model_len)
+    samples = books.computed_after >= books.tokens + books.placeholders_before
+    lookahead = num_lookahead_tokens if samples else 0
+    needed = min(books.computed_after + lookahead, max_model_len)
     return all(slots >= needed for slots in books.slots_after)
 
 

@@ -1,4 +1,4 @@
-"""The contract: C1-C6, what every budget policy must guarantee, every step, and C7-C11,
+"""The contract: C1-C6, what every budget policy must guarantee, every step, and C7-C12,
 the scheduler's books that any vLLM must keep beside its budgets.
 
 This module is the contract's one home. ``CONTRACT`` holds each item as data (its id, its
@@ -104,11 +104,13 @@ BOOKS: tuple[ContractItem, ...] = (
         "C9",
         "slots ahead",
         "every scheduled request holds KV slots, in every KV group, for all its computed"
-        " tokens after the step plus the drafting lookahead (num_lookahead_tokens), capped"
-        " at max_model_len.",
+        " tokens after the step, plus the drafting lookahead (num_lookahead_tokens) where"
+        " the step reaches the end of its known tokens (it samples, and the drafter drafts"
+        " past them), capped at max_model_len.",
         "safety",
         "vLLM's KVCacheManager.allocate_slots (num_lookahead_tokens, the max_model_len cap)"
-        " and the scheduler's comment that the drafter writes those slots.",
+        " and the scheduler's comment that the drafter writes those slots; releases up to"
+        " 0.22 reserve none for a request's first prefill chunk, which drafts nothing.",
     ),
     ContractItem(
         "C10",

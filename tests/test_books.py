@@ -123,6 +123,11 @@ def test_c9_slots_for_the_computed_tokens_and_the_lookahead() -> None:
     near = replace(DECODE, computed_after=30)
     assert not slots_ahead(near, num_lookahead_tokens=K, max_model_len=MAX_MODEL_LEN)
     assert slots_ahead(near, num_lookahead_tokens=K, max_model_len=32)
+    # A prefill chunk short of the prompt's end samples nothing and drafts nothing: its
+    # computed tokens alone need slots (vLLM 0.20-0.22 reserve no lookahead for it).
+    chunk = replace(DECODE, tokens=40, computed_after=16, slots_after=(16,))
+    assert slots_ahead(chunk, num_lookahead_tokens=K, max_model_len=MAX_MODEL_LEN)
+    assert not slots_ahead(replace(chunk, tokens=16), num_lookahead_tokens=K, max_model_len=64)
     # Blocks that do not bound slots (Mamba's state) are not judged.
     assert slots_ahead(
         replace(near, slots_after=None), num_lookahead_tokens=K, max_model_len=MAX_MODEL_LEN

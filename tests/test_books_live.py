@@ -1,4 +1,4 @@
-"""Each item of the scheduler's books (C7-C11) broken by one planted edit of the installed
+"""Each item of the scheduler's books (C7-C12) broken by one planted edit of the installed
 vLLM's own code (``vllm_trees.BOOKS_BROKEN``) and caught by ``fuzz --vllm-src`` with the
 contract monitor alone: exit 1, the broken item counted and written as a scenario, which
 ``fuzz --replay`` through the same tree reproduces."""
@@ -46,7 +46,7 @@ def _fuzz(tree: Path, out: Path, profile: str, item: str) -> Caught:
 @pytest.fixture(scope="module")
 def caught(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Caught]:
     """Every planted tree fuzzed, two at a time (each a process of one worker): the
-    machine's two cores serve five trees in the time of three."""
+    machine's two cores serve six trees in the time of three."""
     release = release_of(require_live_vllm())
     assert release is not None
     version = vllm_trees.development_version(vllm_trees.installed_version())

@@ -327,7 +327,7 @@ class PaddingKeptWhole(ast.NodeTransformer):
 
 
 # -- the scheduler's books, each broken by one planted edit -----------------------------
-# One small edit of vLLM's own code per item of C7-C11 (spec/contract.py BOOKS), found in
+# One small edit of vLLM's own code per item of C7-C12 (spec/contract.py BOOKS), found in
 # every release from 0.32 on; ``books_broken_tree`` plants one of them.
 
 
