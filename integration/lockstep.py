@@ -311,7 +311,9 @@ class Lockstep(LiveRun):
         ref_error = live_error = None
         try:
             validate(Scenario(profile, config, (RequestSpec("probe", 1, 1),), Acceptance()))
-            self.reference = make_scheduler(config, profile_named(profile), check="collect")
+            self.reference = make_scheduler(
+                config, profile_named(profile), check="collect", judge_books=True
+            )
         except BadInput as err:
             ref_error = str(err)
         try:

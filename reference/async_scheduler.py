@@ -112,11 +112,14 @@ def make_scheduler(
     check: CheckMode = "raise",
     scenario: Mapping[str, Any] | None = None,
     state: SchedulerState | None = None,
+    judge_books: bool = False,
 ) -> Scheduler:
     """The reference scheduler of ``config``: ``AsyncScheduler`` with
     ``async_scheduling``, else ``Scheduler``."""
     cls = AsyncScheduler if config.async_scheduling else Scheduler
-    return cls(config, profile, check=check, scenario=scenario, state=state)
+    return cls(
+        config, profile, check=check, scenario=scenario, state=state, judge_books=judge_books
+    )
 
 
 def transition(

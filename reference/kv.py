@@ -144,6 +144,15 @@ class KVCacheManager:
         """``free`` on a preemption (a manager may count it)."""
         self.free(state, request)
 
+    def tables(self, request: RequestState) -> tuple[int, ...]:
+        """The blocks in ``request``'s table in each KV group (vLLM's ``req_to_blocks``)."""
+        return (request.num_blocks,)
+
+    def slots(self, request: RequestState) -> tuple[int, ...] | None:
+        """The token slots ``request``'s table holds in each KV group (blocks times the
+        group's block size); None where a group's blocks do not bound its slots."""
+        return (request.num_blocks * self.block_size,)
+
     def reset_prefix_cache(self, state: SchedulerState, num_gpu_blocks: int) -> bool:
         """``BlockPool.reset_prefix_cache``: a pool none of whose blocks is held forgets
         every hash (no later request hits a block cached before); with a block held it

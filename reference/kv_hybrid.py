@@ -232,6 +232,19 @@ class HybridKVCacheManager(KVCacheManager):
             return 0
         return max(request.prompt_len, request.num_tokens - 1)
 
+    def tables(self, request: RequestState) -> tuple[int, ...]:
+        # A group's places, null blocks included, as vLLM's table holds them; the caching
+        # coordinator keeps them as block ids.
+        return tuple(max(len(blocks.table), len(blocks.block_ids)) for blocks in request.kv_groups)
+
+    def slots(self, request: RequestState) -> tuple[int, ...] | None:
+        if not all(group.blocks_bound_slots for group in self.groups):
+            return None
+        return tuple(
+            places * group.block_size
+            for places, group in zip(self.tables(request), self.groups, strict=True)
+        )
+
     def free(self, state: SchedulerState, request: RequestState) -> None:
         """``free``: every group's real blocks go back to the pool."""
         state.free_blocks += request.num_blocks

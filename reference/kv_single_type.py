@@ -45,6 +45,12 @@ class FullAttentionManager:
         """The tokens the group's table must cover for ``num_tokens`` slots."""
         return num_tokens
 
+    @property
+    def blocks_bound_slots(self) -> bool:
+        """Whether the group's table holds one slot per token of its blocks (C9 judges
+        those); a Mamba group's blocks hold states instead."""
+        return True
+
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``get_num_skipped_tokens``: the default skips nothing."""
         return 0
@@ -157,6 +163,10 @@ class MambaManager(FullAttentionManager):
 
     def num_tokens(self, num_tokens: int) -> int:
         return num_tokens + self.block_size * self.num_speculative_blocks
+
+    @property
+    def blocks_bound_slots(self) -> bool:
+        return False
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1

@@ -33,6 +33,16 @@ retention (the engine's default is 0; a ``KVCacheConfig`` built alone holds None
         dualbudget/traces/scheduler-async-0.33-deepseek-mtp.ndjson.gz --max-steps 300 \
         --deployment "DeepSeek V3 / V3.1 + MTP" --stand-in eagle --stop-rate 0.03 \
         --num-gpu-blocks 100
+
+``--reset-prefix-cache S1,S2`` makes the engine reset the prefix cache, with its running
+requests, before each of those steps, and ``--pause S:STATE,...`` set the pause state
+(``paused_new``, ``paused_all``, ``unpaused``) before each such step, as between weight
+updates of an RL rollout (a version-5 trace records both calls)::
+
+    .venv-vllm-0.33/bin/python scripts/record_scheduler_trace.py chat-system-prompt \
+        dualbudget/traces/scheduler-async-0.33-chat-system-prompt-engine-calls.ndjson.gz \
+        --max-steps 300 --async-scheduling --stop-rate 0.03 --num-gpu-blocks 300 \
+        --reset-prefix-cache 100,200 --pause 150:paused_new,160:paused_all,170:unpaused
 """
 
 from __future__ import annotations
@@ -74,6 +84,8 @@ def main() -> int:
     parser.add_argument("--stand-in")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--prefix-cache-retention-interval", type=int)
+    parser.add_argument("--reset-prefix-cache", default="", metavar="S1,S2")
+    parser.add_argument("--pause", default="", metavar="S:STATE,...")
     args = parser.parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     workload = preset(args.workload)
@@ -114,7 +126,26 @@ def main() -> int:
         notes["stop_rate"] = f"{args.stop_rate} per request and step that samples"
     # The lockstep recording checks vLLM against the installed release's own profile.
     profile = profile_for_vllm_version(installed_vllm_version() or "").name
-    scenario = validate(dataclasses.replace(scenario, profile=profile, config=config, stops=stops))
+    resets = {int(step): True for step in args.reset_prefix_cache.split(",") if step}
+    pauses = {
+        int(step): state
+        for step, _, state in (call.partition(":") for call in args.pause.split(",") if call)
+    }
+    if resets or pauses:
+        notes["engine_calls"] = (
+            f"reset_prefix_cache(reset_running_requests=True) before steps {sorted(resets)};"
+            f" set_pause_state {dict(sorted(pauses.items()))}"
+        )
+    scenario = validate(
+        dataclasses.replace(
+            scenario,
+            profile=profile,
+            config=config,
+            stops=stops,
+            resets=resets or None,
+            pauses=pauses or None,
+        )
+    )
     with tempfile.TemporaryDirectory() as tmp:
         plain = Path(tmp) / "trace.ndjson"
         steps = write_scheduler_trace(scenario, plain, args.max_steps, notes)

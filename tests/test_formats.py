@@ -170,7 +170,13 @@ def test_a_scenario_that_is_no_object_is_named_as_a_whole() -> None:
 
 # -- the trace ---------------------------------------------------------------------------
 Entry = (
-    AddRequest | Abort | ResetPrefixCache | SetPauseState | StepRecord | ModelOutput | DraftProposals
+    AddRequest
+    | Abort
+    | ResetPrefixCache
+    | SetPauseState
+    | StepRecord
+    | ModelOutput
+    | DraftProposals
 )
 ENGINE_CALLS: list[Entry] = [
     ResetPrefixCache(reset_running_requests=True),

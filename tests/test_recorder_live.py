@@ -12,9 +12,9 @@ from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import live_records
 from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
-from dualbudget.reference.events import ModelOutput, StepRecord
+from dualbudget.reference.events import ModelOutput, ResetPrefixCache, SetPauseState, StepRecord
 from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.scenario import Scenario, load_scenario, validate
+from dualbudget.reference.scenario import RequestSpec, Scenario, load_scenario, validate
 from dualbudget.reference.trace import VERSION, read_trace
 from dualbudget.reference.workload import preset
 from dualbudget.spec.profiles import profile_named
@@ -60,6 +60,66 @@ def test_recording_changes_no_decision_and_replays(
     assert sorted(written.free_blocks) == list(range(len(plain)))
     assert result.free_blocks_checked == len(plain)
     assert len(set(written.free_blocks.values())) > 1
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_engines_calls_are_recorded_where_vllm_took_them_and_replay(
+    async_scheduling: bool, profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix-cache reset that preempts the running requests, and a pause and resume,
+    made on the recording scheduler between steps: each is written between the two steps
+    it came between, nothing vLLM decides changes, and the trace replays with every
+    decision and every pool agreeing."""
+    from dualbudget.integration.recorder import RecordingAsyncScheduler, RecordingScheduler
+    from tests.engine_call_cases import ASYNC, SYNC
+
+    # Prefix caching on, so that the reset is seen: without it, a and b would resume on
+    # their own cached blocks at step 2 instead of computing every token again.
+    config = dataclasses.replace(ASYNC if async_scheduling else SYNC, enable_prefix_caching=True)
+    scenario = validate(
+        Scenario(
+            profile,
+            config,
+            (RequestSpec("a", 8, 8), RequestSpec("b", 8, 8), RequestSpec("c", 4, 4, 4)),
+            resets={2: True, 7: False},  # the second finds blocks held: vLLM refuses it
+            pauses={3: "paused_new", 5: "paused_all", 6: "unpaused"},
+        )
+    )
+    trace = tmp_path / "calls.ndjson"
+    monkeypatch.setenv("DUALBUDGET_TRACE", str(trace))
+    monkeypatch.setenv("DUALBUDGET_TRACE_SOURCE", "scheduler")
+    plain = live_records(scenario, LiveScheduler(scenario.config))
+    recording_cls = RecordingAsyncScheduler if async_scheduling else RecordingScheduler
+    recording = LiveScheduler(scenario.config, scheduler_cls=recording_cls)
+    recorded = live_records(scenario, recording)
+    recording.scheduler.shutdown()
+    assert [r.decision() for r in recorded] == [r.decision() for r in plain]
+
+    written = read_trace(trace)
+    assert written.header.version == VERSION
+    assert written.header.async_scheduling is async_scheduling
+    # Each call with the last step line before it and the first after it.
+    calls, last = [], None
+    for entry in written.entries:
+        if isinstance(entry, StepRecord):
+            last = entry.step
+        elif isinstance(entry, ResetPrefixCache | SetPauseState):
+            calls.append((entry, last))
+    assert calls == [
+        (ResetPrefixCache(reset_running_requests=True), 1),
+        (SetPauseState("paused_new"), 2),
+        (SetPauseState("paused_all"), 4),
+        (SetPauseState("unpaused"), 5),
+        (ResetPrefixCache(reset_running_requests=False), 6),
+    ]
+    steps = [e for e in written.entries if isinstance(e, StepRecord)]
+    assert steps[2].preempted == ["a", "b"]  # vLLM reports the reset's victims
+    assert "c" not in steps[4].num_scheduled_tokens  # paused_new: c arrived, not admitted
+    assert steps[5].num_scheduled_tokens == {}  # paused_all
+    assert "c" in steps[6].num_scheduled_tokens  # resumed
+    result = replay_trace(written)
+    assert result.ok, (result.divergence, result.free_blocks_divergence, result.violations)
+    assert result.steps_checked == result.free_blocks_checked == len(plain)
 
 
 def test_the_recorder_refuses_to_start_without_a_trace_path(

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from dualbudget import TRACES
+from dualbudget.reference.events import ResetPrefixCache, ScheduleStep, SetPauseState, StepRecord
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.synthetic_trace import write_synthetic_trace
-from dualbudget.reference.trace import VERSION, TraceError, read_trace
+from dualbudget.reference.trace import VERSION, TraceError, TraceHeader, TraceWriter, read_trace
 from dualbudget.reference.workload import preset
+from tests.engine_call_cases import CASES as ENGINE_CALL_CASES
+from tests.engine_call_cases import EngineCallCase
 
 SHIPPED = TRACES
 
@@ -364,3 +367,82 @@ def test_a_bad_free_block_count_exits_2_naming_it(
     run = dualbudget("replay", write(tmp_path, lines))
     assert run.returncode == 2, run.stdout + run.stderr
     assert needle in run.stderr, run.stderr
+
+
+# -- the engine's calls on the scheduler (version 5) ------------------------------------------
+def _write_case(path: Path, case: EngineCallCase, vllm_version: str) -> None:
+    """A hand-worked stream of tests/engine_call_cases.py as a trace: its events as they
+    came, and at each ScheduleStep the decision worked out by hand, so that the replay
+    checks the reference against the hand, not against itself."""
+    writer = TraceWriter(path, TraceHeader(vllm_version, "synthetic", case.config))
+    decisions = iter(case.expected)
+    step = 0
+    for event in case.events:
+        if not isinstance(event, ScheduleStep):
+            writer.write(event)
+            continue
+        decision = next(decisions)
+        scheduled = decision["num_scheduled_tokens"]
+        total = sum(scheduled.values())
+        preempted, finished = decision["preempted"], decision["finished"]
+        writer.write(StepRecord(step, scheduled, {}, preempted, finished, total, total))
+        step += 1
+    writer.close()
+
+
+@pytest.mark.parametrize("vllm_version", ["0.32.0", "0.33.0", "0.34.0"])
+@pytest.mark.parametrize("case", ENGINE_CALL_CASES, ids=lambda c: c.name)
+def test_a_trace_with_the_engines_calls_replays(
+    case: EngineCallCase, vllm_version: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "calls.ndjson"
+    _write_case(path, case, vllm_version)
+    trace = read_trace(path)
+    assert trace.header.version == VERSION
+    calls = [e for e in case.events if isinstance(e, ResetPrefixCache | SetPauseState)]
+    assert calls and [e for e in trace.entries if e in calls] == calls
+    result = replay_trace(trace)
+    assert result.ok, (result.divergence, result.violations)
+    assert result.steps_checked == len(case.expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "dropped", "step"),
+    [
+        ("reset-preempts-running-in-order", "reset_prefix_cache", 2),
+        ("reset-drops-the-output-in-flight", "reset_prefix_cache", 2),
+        ("pause-new-then-all-then-resume", "set_pause_state", 1),
+    ],
+)
+def test_a_trace_missing_an_engine_call_diverges_after_it(
+    tmp_path: Path, name: str, dropped: str, step: int
+) -> None:
+    """Each call moves a decision: without its line the replay fails at the next step."""
+    case = next(c for c in ENGINE_CALL_CASES if c.name == name)
+    path = tmp_path / "calls.ndjson"
+    _write_case(path, case, "0.34.0")
+    lines = path.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if f'"event":"{dropped}"' in line)
+    run = dualbudget("replay", write(tmp_path, lines[:first] + lines[first + 1 :]))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"DIVERGES at step {step}" in run.stdout, run.stdout
+
+
+def test_a_trace_with_the_engines_calls_passes_them_to_a_what_if(tmp_path: Path) -> None:
+    """``simulate --trace`` keeps each call before the step it came before: the what-if of
+    the hand-worked streams, under the profile that recorded them, makes their decisions."""
+    from dualbudget.reference.driver import ScenarioRun
+    from dualbudget.reference.simulate import scenario_from_trace
+
+    tables = {
+        "reset-preempts-running-in-order": ({2: True}, None),
+        "pause-new-then-all-then-resume": (None, {1: "paused_new", 2: "paused_all", 3: "unpaused"}),
+    }
+    for name, (resets, pauses) in tables.items():
+        case = next(c for c in ENGINE_CALL_CASES if c.name == name)
+        path = tmp_path / f"{name}.ndjson"
+        _write_case(path, case, "0.34.0")
+        scenario = scenario_from_trace(read_trace(path), "vllm-0.34")
+        assert (scenario.resets, scenario.pauses) == (resets, pauses)
+        decisions = [record.decision() for record in ScenarioRun(scenario).records()]
+        assert decisions == list(case.expected), name

@@ -197,7 +197,7 @@ def test_a_request_with_structured_outputs_is_refused_by_name(tmp_path: Path) ->
         ({"settings": {}}, "header.settings.enable_prefix_caching: missing"),
         ({"settings": None}, "header.settings: must be a JSON object, got null"),
         ({"async_scheduling": True}, "header.async_scheduling: unknown key"),
-        ({"version": 5}, "version 5, this reads versions 1, 2, 3 and 4 only"),
+        ({"version": 6}, "version 6, this reads versions 1, 2, 3, 4 and 5 only"),
     ],
 )
 def test_a_bad_version_2_header_exits_2_naming_the_key(

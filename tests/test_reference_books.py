@@ -1,0 +1,68 @@
+"""The reference judging its own steps by the scheduler's books (``reference/books.py``):
+silent on the hand-worked streams, and naming the item a mirrored break would break."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dualbudget.reference import async_scheduler
+from dualbudget.reference.async_scheduler import make_scheduler
+from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep
+from dualbudget.reference.violations import ContractViolation
+from dualbudget.spec.config import EngineConfig, SpeculativeConfig
+from dualbudget.spec.profiles import profile_named
+from tests.engine_call_cases import CASES, EngineCallCase
+
+EAGLE_ASYNC = EngineConfig(
+    max_num_batched_tokens=64,
+    max_num_seqs=4,
+    max_model_len=64,
+    block_size=16,
+    num_gpu_blocks=64,
+    speculative_config=SpeculativeConfig("eagle3", 2),
+    async_scheduling=True,
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_hand_worked_streams_keep_every_book(case: EngineCallCase) -> None:
+    scheduler = make_scheduler(
+        case.config, profile_named("vllm-0.34"), check="collect", judge_books=True
+    )
+    for event in case.events:
+        scheduler.handle(event)
+    assert scheduler.violations == []
+
+
+def _decode(forget: bool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The book items an EAGLE-3 request decoding under async scheduling breaks; with
+    ``forget``, the reference holds no placeholder for the token each step samples (as a
+    mirrored vLLM bug would)."""
+    if forget:
+        monkeypatch.setattr(async_scheduler, "NUM_SAMPLED_PER_STEP", 0)
+    scheduler = make_scheduler(
+        EAGLE_ASYNC, profile_named("vllm-0.34"), check="collect", judge_books=True
+    )
+    scheduler.handle(AddRequest("r", 4, 8))
+    scheduler.handle(ScheduleStep())
+    scheduler.handle(ScheduleStep())
+    scheduler.handle(ModelOutput({"r": 1}, step=0))
+    scheduler.handle(ScheduleStep())
+    return sorted({violation.contract for violation in scheduler.violations})
+
+
+def test_a_mirrored_break_of_the_placeholders_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _decode(False, monkeypatch) == []
+    assert "C7" in _decode(True, monkeypatch)
+
+
+def test_a_break_raises_where_the_run_asks_it_to() -> None:
+    scheduler = make_scheduler(
+        replace(EAGLE_ASYNC, async_scheduling=False), profile_named("vllm-0.34"), judge_books=True
+    )
+    scheduler.handle(AddRequest("r", 4, 8))
+    scheduler.state.requests["r"].num_output_placeholders = -1  # no scheduler makes this
+    with pytest.raises(ContractViolation, match="C7"):
+        scheduler.handle(ScheduleStep())
