@@ -516,13 +516,14 @@ def _findings_cell(fuzz: dict[str, Any]) -> str:
 
 def _book_cells(fuzz: dict[str, Any]) -> list[str]:
     """Per book item, its violations of the request-steps it was judged on; ``-`` where
-    the unit was run before the monitor judged the books."""
+    the unit was run before the monitor judged that item."""
     monitor = fuzz.get("monitor") or {}
-    judged = monitor.get("books_judged")
-    if judged is None:
-        return ["-" for _ in BOOKS]
+    judged = monitor.get("books_judged") or {}
     counts = monitor.get("counts") or {}
-    return [f"{counts.get(item.id, 0)} of {judged.get(item.id, 0)}" for item in BOOKS]
+    return [
+        f"{counts.get(item.id, 0)} of {judged[item.id]}" if item.id in judged else "-"
+        for item in BOOKS
+    ]
 
 
 def _refusals_cell(fuzz: dict[str, Any]) -> str:
