@@ -1,5 +1,6 @@
 """What every test run shares: under ``CI=true`` (set by .ci/run) a skipped test is a
-failure; and the test scheduler plugin, importable by its path as a user's plugin is.
+failure; the profile detected for the installed vLLM, which the live tests run against;
+and the test scheduler plugin, importable by its path as a user's plugin is.
 
 The tests run the reference's sources, never its compiled build (reference/compiled.py):
 a test may plant a difference in a method, which compiled callers would not see. That the
@@ -63,3 +64,14 @@ def scheduler_plugin(monkeypatch: pytest.MonkeyPatch) -> str:
     (they inherit ``sys.path``)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))
     return "tests.scheduler_plugin:OneAtATime"
+
+
+@pytest.fixture(scope="session")
+def profile() -> str:
+    """The profile detected for the installed vLLM (``live_profile_name``): detection
+    drives vLLM's scheduler, so a session detects once for every live test that asks.
+    Without vLLM the asking test skips, which under ``CI=true`` fails it. A test module
+    whose ``profile`` means something else defines its own, which takes precedence."""
+    from dualbudget.integration.testing import live_profile_name
+
+    return live_profile_name()

@@ -14,7 +14,6 @@ from dualbudget.integration.fuzz import run_fuzz
 from dualbudget.integration.lockstep import ConfigRefused, Lockstep
 from dualbudget.integration.testing import (
     installed_layouts,
-    live_profile_name,
     require_live_vllm,
 )
 from dualbudget.reference.events import ModelOutput, ScheduleStep
@@ -26,11 +25,6 @@ from dualbudget.spec.profiles import profile_named
 from tests.test_async_reference import CASES, Case
 
 pytestmark = pytest.mark.live
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

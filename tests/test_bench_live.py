@@ -15,7 +15,7 @@ import pytest
 
 from dualbudget.integration import commands
 from dualbudget.integration.live import installed_vllm_version
-from dualbudget.integration.testing import differing_release_profile, live_profile_name
+from dualbudget.integration.testing import differing_release_profile
 
 pytestmark = pytest.mark.live
 
@@ -32,9 +32,11 @@ def _only(method: str) -> Any:
 
 
 def test_bench_reports_the_rates_it_measured(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    profile: str,
 ) -> None:
-    profile = live_profile_name()
     monkeypatch.setattr(commands, "bench_workloads", _only("eagle3"))
     out_file = tmp_path / "bench.json"
     assert commands.bench(commands.BenchOptions(json_path=str(out_file), repeat=2)) == 0
@@ -71,10 +73,10 @@ def test_bench_runs_the_hybrid_stream_in_lockstep(
 
 
 def test_bench_stops_at_a_divergence(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], profile: str
 ) -> None:
     # The other release's profile on DFlash: its first step differs (see the fuzz tests).
-    other = differing_release_profile(live_profile_name())
+    other = differing_release_profile(profile)
     monkeypatch.setattr(commands, "bench_workloads", _only("dflash"))
     assert commands.bench(commands.BenchOptions(repeat=1, profile=other)) == 1
     assert f"vLLM diverges from the reference {other} at" in capsys.readouterr().err

@@ -98,12 +98,13 @@ def test_a_resumed_fuzz_campaign_ends_as_an_uninterrupted_run(
     assert first["fuzz"]["coverage"] == local_one["fuzz"]["coverage"]
 
 
-def test_a_budget_campaign_draws_seeds_then_merges_its_directory(tmp_path: Path) -> None:
+def test_a_budget_campaign_draws_seeds_then_merges_its_directory(
+    tmp_path: Path, profile: str
+) -> None:
     import json
 
     from dualbudget.cli import main
 
-    profile = live_profile_name()
     directory, out = tmp_path / "campaign", tmp_path / "fuzz.json"
     common = ["fuzz", "--profile", profile, "--examples", "10", "--seed", "1", "--jobs", "1"]
     common += ["--layout", "ngram", "--layout", "eagle", "--no-coverage-gate"]

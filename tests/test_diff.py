@@ -209,14 +209,12 @@ def test_the_first_candidates_sit_where_z3_separates() -> None:
 
 
 @pytest.mark.live
-def test_live_vllm_agrees_with_the_reference_on_the_found_scenario() -> None:
+def test_live_vllm_agrees_with_the_reference_on_the_found_scenario(profile: str) -> None:
     """The search's scenario against the installed vLLM's own profile (0.33: the one that
     separates it from dual; 0.32: its own against dual), in lockstep step for step."""
     from dualbudget.diff_cli import prove_layout, search
     from dualbudget.integration.lockstep import run_in_lockstep
-    from dualbudget.integration.testing import live_profile_name
 
-    profile = live_profile_name()
     proof = prove_layout((profile, "dual", "dflash"))
     found = search(profile, "dual", "dflash", 1, 10, 300, proof.separations)
     assert found.best is not None, f"no {profile} / dual difference found"

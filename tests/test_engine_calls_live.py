@@ -8,16 +8,10 @@ from __future__ import annotations
 import pytest
 
 from dualbudget.integration.lockstep import Lockstep
-from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import ResetPrefixCache, ScheduleStep
 from tests.engine_call_cases import CASES, EngineCallCase
 
 pytestmark = pytest.mark.live
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

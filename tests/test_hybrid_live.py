@@ -16,7 +16,7 @@ import pytest
 from dualbudget.integration.aims import AIMS
 from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import Divergence, DivergenceFound, Lockstep, MirroredCrash
-from dualbudget.integration.testing import installed_layouts, live_profile_name
+from dualbudget.integration.testing import installed_layouts
 from dualbudget.reference import kv_coordinator
 from dualbudget.reference.deployments import DEPLOYMENTS
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
@@ -34,11 +34,6 @@ from dualbudget.spec.profiles import profile_named
 from tests import kv_group_cases
 
 pytestmark = pytest.mark.live
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 def _cases_of_the_installed_release() -> list[kv_group_cases.Case]:

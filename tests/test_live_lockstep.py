@@ -11,18 +11,13 @@ from pathlib import Path
 import pytest
 
 from dualbudget.integration.lockstep import DivergenceFound, Lockstep, run_in_lockstep
-from dualbudget.integration.testing import differing_release_profile, live_profile_name
+from dualbudget.integration.testing import differing_release_profile
 from dualbudget.reference.scenario import load_scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 
 pytestmark = pytest.mark.live
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 def _other(profile: str) -> str:

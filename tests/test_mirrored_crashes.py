@@ -89,16 +89,15 @@ def test_a_crash_of_vllm_alone_names_no_assertion_and_fails(tmp_path: Path) -> N
 
 @pytest.mark.live
 def test_a_units_crash_scenario_replays_the_crash(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: str
 ) -> None:
     from dualbudget.cli import main
     from dualbudget.integration.lockstep import Lockstep, MirroredCrash
-    from dualbudget.integration.testing import live_profile_name
     from dualbudget.reference.driver import EventDriver, drive
 
     from .test_settings_threshold import CRASH_STEP, ROOMY_POOL, threshold_case
 
-    scenario = threshold_case(ROOMY_POOL, live_profile_name())
+    scenario = threshold_case(ROOMY_POOL, profile)
     driver = EventDriver.of(scenario, 16)
     lock = Lockstep(scenario.config, scenario.profile, out_dir=tmp_path, driver=driver)
     with pytest.raises(MirroredCrash) as crashed:

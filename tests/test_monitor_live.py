@@ -31,7 +31,7 @@ from dualbudget.integration.monitor import (
     block_sizes,
 )
 from dualbudget.integration.monitor_run import LiveAlone, run_alone
-from dualbudget.integration.testing import live_profile_name, require_live_vllm
+from dualbudget.integration.testing import require_live_vllm
 from dualbudget.proofs.manifest import causes, expected_findings
 from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, load_scenario
@@ -42,11 +42,6 @@ from tests.test_reference_findings import fill_in_scenario
 pytestmark = pytest.mark.live
 
 FILL_IN_C3 = "dspark-fill-in", "C3"
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 def overflows(profile: str) -> bool:

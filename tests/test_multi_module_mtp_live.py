@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from dualbudget.integration.lockstep import ConfigRefused, Lockstep, MirroredCrash
-from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.events import InvalidEvent
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.scenario import validate
@@ -23,11 +22,6 @@ from dualbudget.spec.profiles import profile_named
 from tests.test_multi_module_mtp import MAMBA_ALIGN, PROMPT, SHARED, K, mtp_config, sibling_run
 
 pytestmark = pytest.mark.live
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 @pytest.mark.parametrize("caching", [False, True], ids=["no-caching", "caching"])

@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dualbudget.integration.testing import live_profile_name
-
 pytestmark = pytest.mark.live
 
 KNOWN = "shift-boundary/schedule/long_prefill_token_threshold/3"
 """The RUNNING loop's ``0 < threshold`` test as ``0 <=``: with no long-prefill threshold
 (0, the default) every running request's need becomes 0, so none is scheduled."""
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 def test_mutants_of_the_installed_scheduler(profile: str) -> None:

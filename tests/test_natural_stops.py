@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import (
@@ -125,10 +124,12 @@ def test_scenario_stops_are_checked() -> None:
 # -- against vLLM ---------------------------------------------------------------------
 @pytest.mark.live
 @pytest.mark.parametrize(("max_tokens", "at", "status", "kept"), STOP_CASES)
-def test_vllm_check_stop_agrees(max_tokens: int, at: int, status: str, kept: int) -> None:
+def test_vllm_check_stop_agrees(
+    max_tokens: int, at: int, status: str, kept: int, profile: str
+) -> None:
     from dualbudget.integration.lockstep import Lockstep
 
-    lock = Lockstep(EAGLE, live_profile_name())
+    lock = Lockstep(EAGLE, profile)
     vllm = lock.live.scheduler
     reported: list[Any] = []
     update = vllm.update_from_output
@@ -147,12 +148,10 @@ def test_vllm_check_stop_agrees(max_tokens: int, at: int, status: str, kept: int
 
 
 @pytest.mark.live
-def test_stops_table_agrees_with_vllm() -> None:
+def test_stops_table_agrees_with_vllm(profile: str) -> None:
     from dualbudget.integration.lockstep import run_in_lockstep
 
-    scenario = parse_scenario(
-        _scenario(profile=live_profile_name(), stops={"3": {"a": 2}, "5": {"b": 1}})
-    )
+    scenario = parse_scenario(_scenario(profile=profile, stops={"3": {"a": 2}, "5": {"b": 1}}))
     steps, divergence = run_in_lockstep(scenario)
     assert divergence is None, divergence.report()
     assert steps > 5

@@ -23,7 +23,6 @@ import pytest
 
 from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import Divergence, Lockstep, live_records, run_in_lockstep
-from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.prefix_cache import BlockPool, HitRule
 from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, load_scenario
 from dualbudget.reference.token_ids import segment
@@ -148,11 +147,6 @@ def _scenario(case: Case, profile: str) -> Scenario:
         enable_prefix_caching=True,
     )
     return Scenario(profile, config, case.requests, Acceptance(fixed=0))
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

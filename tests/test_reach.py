@@ -136,11 +136,10 @@ def test_prove_reach_writes_the_reach_list_and_scenarios(tmp_path: Path) -> None
 @pytest.mark.live
 def test_live_vllm_makes_the_reference_decision_on_its_reach_scenarios(
     reaches: dict[str, Reach],
+    profile: str,
 ) -> None:
     from dualbudget.integration.lockstep import run_in_lockstep
-    from dualbudget.integration.testing import live_profile_name
 
-    profile = live_profile_name()
     findings = [r for r in reaches.values() if r.profile == profile]
     assert findings, f"no finding of {profile} to confirm"
     confirmable = [r for r in findings if r.scenario is not None and r.check != "C4-converse"]

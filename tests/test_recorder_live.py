@@ -10,7 +10,6 @@ import pytest
 
 from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import live_records
-from dualbudget.integration.testing import live_profile_name
 from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
 from dualbudget.reference.events import ModelOutput, ResetPrefixCache, SetPauseState, StepRecord
 from dualbudget.reference.replay import replay_trace
@@ -22,11 +21,6 @@ from dualbudget.spec.profiles import profile_named
 pytestmark = pytest.mark.live
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def profile() -> str:
-    return live_profile_name()
 
 
 @pytest.mark.parametrize("example", ["kv-pressure.json", "priority.json", "dflash.json"])

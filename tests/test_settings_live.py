@@ -353,12 +353,11 @@ def test_a_recorded_trace_is_refused_naming_a_request_row(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_ngram_gpu_schedules_as_the_ngram_row(async_scheduling: bool) -> None:
+def test_ngram_gpu_schedules_as_the_ngram_row(async_scheduling: bool, profile: str) -> None:
     """vLLM builds ``ngram_gpu`` natively on CPU too; its scheduler treats it as n-gram
     (no lookahead slots, no drafting slots, async-capable): lockstep on the n-gram row."""
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.integration.lockstep import run_in_lockstep
-    from dualbudget.integration.testing import live_profile_name
 
     config = dataclasses.replace(
         CONFIG,
@@ -367,7 +366,7 @@ def test_ngram_gpu_schedules_as_the_ngram_row(async_scheduling: bool) -> None:
         enable_prefix_caching=False,
     )
     requests = tuple(RequestSpec(str(i), 20 + 7 * i, 12, i) for i in range(5))
-    scenario = validate(Scenario(live_profile_name(), config, requests, Acceptance(fixed=1)))
+    scenario = validate(Scenario(profile, config, requests, Acceptance(fixed=1)))
     live = LiveScheduler(config)
     assert live.vllm_config.speculative_config.method == "ngram_gpu"
     assert live.vllm_config.num_lookahead_tokens == 0
@@ -389,13 +388,12 @@ HYBRID = {
 
 
 @pytest.mark.parametrize("name", sorted(HYBRID))
-def test_the_recorder_writes_the_kv_groups_vllm_built(name: str) -> None:
+def test_the_recorder_writes_the_kv_groups_vllm_built(name: str, profile: str) -> None:
     """From a ``KVCacheConfig`` of several groups, as vLLM's scheduler is built on it, the
     recorder writes the same ``config.kv_groups`` and the spec classes, which replay reads
     as one layout it models."""
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.integration.recorder import engine_config_of, kv_groups_of, settings_of
-    from dualbudget.integration.testing import live_profile_name
 
     config = dataclasses.replace(CONFIG, num_gpu_blocks=64, kv_groups=HYBRID[name])
     live = LiveScheduler(config)
@@ -406,4 +404,4 @@ def test_the_recorder_writes_the_kv_groups_vllm_built(name: str) -> None:
         group.kind for group in groups
     ]
     recorded = engine_config_of(live.vllm_config, 64, False, groups)
-    assert first_unreplayed(settings, recorded, profile_named(live_profile_name())) is None
+    assert first_unreplayed(settings, recorded, profile_named(profile)) is None

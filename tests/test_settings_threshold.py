@@ -87,12 +87,10 @@ def test_with_a_short_pool_the_waiting_loop_just_stops(profile: str) -> None:
 
 
 @pytest.mark.live
-def test_the_case_agrees_with_the_live_vllm() -> None:
+def test_the_case_agrees_with_the_live_vllm(profile: str) -> None:
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.integration.lockstep import MirroredCrash, live_records
-    from dualbudget.integration.testing import live_profile_name
 
-    profile = live_profile_name()
     short = threshold_case(SHORT_POOL, profile)
     check_worked(live_records(short, LiveScheduler(short.config), max_steps=16))
     roomy = threshold_case(ROOMY_POOL, profile)

@@ -486,13 +486,12 @@ def test_cli_simulate_a_prefix_cached_trace_hits(tmp_path: Path) -> None:
 
 
 @pytest.mark.live
-def test_the_system_prompt_preset_runs_in_lockstep_with_vllm() -> None:
+def test_the_system_prompt_preset_runs_in_lockstep_with_vllm(profile: str) -> None:
     # The installed vLLM, prefix caching on, schedules the preset as the reference does
     # (the same hits, or the scheduled tokens would differ): 300 steps, hits from step 1 on.
     from dualbudget.integration.lockstep import run_in_lockstep
-    from dualbudget.integration.testing import built_by_the_release, live_profile_name
+    from dualbudget.integration.testing import built_by_the_release
 
-    profile = live_profile_name()
     scenario = built_by_the_release(preset("chat-system-prompt").scenario(seed=0), profile)
     steps, divergence = run_in_lockstep(scenario, max_steps=300)
     assert divergence is None, divergence.report()

@@ -358,14 +358,14 @@ def test_a_what_if_from_the_trace_shares_prompts_where_vllm_hashed_them_equal() 
 
 @pytest.mark.live
 def test_the_recorder_writes_vllms_block_hashes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str
 ) -> None:
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.integration.lockstep import live_records
     from dualbudget.integration.recorder import RecordingScheduler
-    from dualbudget.integration.testing import built_by_the_release, live_profile_name
+    from dualbudget.integration.testing import built_by_the_release
 
-    scenario = built_by_the_release(preset("chat-system-prompt").scenario(0), live_profile_name())
+    scenario = built_by_the_release(preset("chat-system-prompt").scenario(0), profile)
     assert scenario.config.enable_prefix_caching
     trace = tmp_path / "trace.ndjson"
     monkeypatch.setenv("DUALBUDGET_TRACE", str(trace))
