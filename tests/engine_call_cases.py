@@ -8,12 +8,10 @@ tokens, ``ph`` output placeholders, ``t`` num_tokens).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from dualbudget.reference.events import (
     AddRequest,
-    Event,
     ModelOutput,
     ResetPrefixCache,
     ScheduleStep,
@@ -21,6 +19,7 @@ from dualbudget.reference.events import (
 )
 from dualbudget.reference.state import FINISHED_LENGTH
 from dualbudget.spec.config import EngineConfig
+from tests.worked_cases import Case
 
 SYNC = EngineConfig(
     max_num_batched_tokens=32,
@@ -59,19 +58,8 @@ def out(sampled: dict[str, int], step: int | None = None) -> ModelOutput:
     return ModelOutput(sampled, {}, step)
 
 
-@dataclass(frozen=True)
-class EngineCallCase:
-    name: str
-    config: EngineConfig
-    events: tuple[Event, ...]
-    expected: tuple[dict[str, Any], ...]
-    """One decision per ScheduleStep, in order."""
-    finished: dict[str, str]
-    """The final status of each request."""
-
-
 CASES = (
-    EngineCallCase(
+    Case(
         # Both running requests are preempted, the last first, so that they wait in their
         # running order; the next step reports them preempted and resumes both with every
         # token they had, their one output each kept.
@@ -101,7 +89,7 @@ CASES = (
         ),
         {"a": FINISHED_LENGTH, "b": FINISHED_LENGTH},
     ),
-    EngineCallCase(
+    Case(
         # paused_new lets a run on and keeps b waiting; paused_all schedules nothing;
         # resumed, both run.
         "pause-new-then-all-then-resume",
@@ -138,7 +126,7 @@ CASES = (
         ),
         {"a": FINISHED_LENGTH, "b": FINISHED_LENGTH},
     ),
-    EngineCallCase(
+    Case(
         # Under async scheduling step 1 is in flight at the reset: its output is dropped
         # (not appended), and a resumes at once instead of waiting for it as a request
         # with stale output to deliver would.

@@ -22,7 +22,8 @@ from dualbudget.reference.state import PREEMPTED
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUTS, MethodLayout
 from dualbudget.spec.profiles import profile_named
-from tests.test_async_reference import CASES, Case
+from tests.async_cases import CASES
+from tests.worked_cases import Case
 
 pytestmark = pytest.mark.live
 

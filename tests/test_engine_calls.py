@@ -5,7 +5,6 @@ each leaves in the state and the pool."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
@@ -23,24 +22,15 @@ from dualbudget.reference.scenario import RequestSpec, Scenario, ScenarioError, 
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import PREEMPTED
 from dualbudget.spec.profiles import profile_named
-from tests.engine_call_cases import ASYNC, CASES, SYNC, EngineCallCase
+from tests.engine_call_cases import ASYNC, CASES, SYNC
+from tests.worked_cases import Case, run_case
 
 PROFILES = ("vllm-0.32", "vllm-0.33", "vllm-0.34")
 
 
-def run_case(case: EngineCallCase, profile: str) -> tuple[list[dict[str, Any]], Scheduler]:
-    scheduler = make_scheduler(case.config, profile_named(profile))
-    decisions = []
-    for event in case.events:
-        record = scheduler.handle(event)
-        if record is not None:
-            decisions.append(record.decision())
-    return decisions, scheduler
-
-
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_hand_worked_case(case: EngineCallCase, profile: str) -> None:
+def test_hand_worked_case(case: Case, profile: str) -> None:
     decisions, scheduler = run_case(case, profile)
     assert decisions == list(case.expected)
     assert {rid: r.status for rid, r in scheduler.state.requests.items()} == case.finished

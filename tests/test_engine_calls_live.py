@@ -9,13 +9,14 @@ import pytest
 
 from dualbudget.integration.lockstep import Lockstep
 from dualbudget.reference.events import ResetPrefixCache, ScheduleStep
-from tests.engine_call_cases import CASES, EngineCallCase
+from tests.engine_call_cases import CASES
+from tests.worked_cases import Case
 
 pytestmark = pytest.mark.live
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_hand_worked_case_agrees_with_vllm(case: EngineCallCase, profile: str) -> None:
+def test_hand_worked_case_agrees_with_vllm(case: Case, profile: str) -> None:
     lock = Lockstep(case.config, profile)
     live_decisions = []
     for event in case.events:

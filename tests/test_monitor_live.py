@@ -37,7 +37,7 @@ from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, load_scenario
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
-from tests.test_reference_findings import fill_in_scenario
+from tests.reference_support import fill_in_scenario
 
 pytestmark = pytest.mark.live
 

@@ -19,26 +19,7 @@ from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.profiles import PROFILES, profile_named
-
-K = 3
-PROMPT = tuple(range(100, 110))
-"""Ten prompt tokens: a chunk of 8 leaves 2, within K = 3 of the end."""
-
-
-def mtp_config(modules: int, **changes: object) -> EngineConfig:
-    """MTP with K = 3 and ``modules`` modules; chunks of at most 8 tokens
-    (``long_prefill_token_threshold``), blocks of 4 tokens."""
-    config = EngineConfig(
-        max_num_batched_tokens=64,
-        max_num_seqs=4,
-        max_model_len=64,
-        block_size=4,
-        num_gpu_blocks=64,
-        long_prefill_token_threshold=8,
-        speculative_config=SpeculativeConfig("mtp", K),
-        num_nextn_predict_layers=modules,
-    )
-    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+from tests.multi_module_mtp_cases import MAMBA_ALIGN, PROMPT, K, mtp_config, sibling_run
 
 
 def first_step(config: EngineConfig, profile: str) -> tuple[Scheduler, int]:
@@ -98,38 +79,6 @@ def test_the_reprefillable_tokens_are_cached_with_the_next_chunk(profile: str) -
     assert many.state.requests["a"].num_cached_blocks == num_hashes
 
 
-SHARED = tuple(range(20))
-"""A prompt two requests share: chunks of 8 leave 12, then 4, never within K."""
-
-
-def sibling_run(modules: int, profile: str) -> list[int]:
-    """SHARED and a long prompt start (step 1: 8 tokens each); SHARED again arrives
-    before step 2, when the first has cached its first chunk's blocks and is caching its
-    second's: the second one's tokens in steps 2 and 3. No drafts are proposed."""
-    config = mtp_config(modules, enable_prefix_caching=True)
-    reference = make_scheduler(config, profile_named(profile))
-    reference.handle(AddRequest("a", len(SHARED), 4, prompt_token_ids=SHARED))
-    long = tuple(range(500, 530))
-    reference.handle(AddRequest("c", len(long), 4, prompt_token_ids=long))
-    reference.handle(ScheduleStep())
-    reference.handle(ModelOutput({"a": 0, "c": 0}))
-    reference.handle(AddRequest("b", len(SHARED), 4, prompt_token_ids=SHARED))
-    scheduled = []
-    for _ in range(2):
-        record = reference.handle(ScheduleStep())
-        assert record is not None
-        scheduled.append(record.num_scheduled_tokens.get("b", 0))
-        done = reference.state.requests
-        sampled = {
-            rid: int(done[rid].num_computed_tokens >= done[rid].prompt_len)
-            for rid in record.num_scheduled_tokens
-        }
-        reference.handle(
-            ModelOutput(sampled, token_ids={rid: (7,) * n for rid, n in sampled.items() if n})
-        )
-    return scheduled
-
-
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_a_sibling_hits_only_the_finalized_blocks(profile: str) -> None:
     """When the second SHARED is admitted (step 2) the first has cached the blocks of
@@ -177,10 +126,6 @@ def test_a_lookahead_longer_than_a_dropped_block_is_refused_where_vllm_refuses(
         )
         with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
             make_scheduler(marked, profile_named(profile))
-
-
-MAMBA_ALIGN = (KVGroup("mamba", 4, mamba_cache_mode="align"), KVGroup("full_attention", 4))
-"""Qwen3-Next's layout at blocks of 4: Mamba in align mode beside full attention."""
 
 
 def mamba_first_chunk(profile: str) -> int:

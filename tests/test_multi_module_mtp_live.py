@@ -19,7 +19,7 @@ from dualbudget.reference.trace import read_trace
 from dualbudget.reference.workload import preset
 from dualbudget.spec.config import KVGroup, SpeculativeConfig, runs_async
 from dualbudget.spec.profiles import profile_named
-from tests.test_multi_module_mtp import MAMBA_ALIGN, PROMPT, SHARED, K, mtp_config, sibling_run
+from tests.multi_module_mtp_cases import MAMBA_ALIGN, PROMPT, SHARED, K, mtp_config, sibling_run
 
 pytestmark = pytest.mark.live
 

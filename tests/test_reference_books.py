@@ -13,7 +13,8 @@ from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep
 from dualbudget.reference.violations import ContractViolation
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
-from tests.engine_call_cases import CASES, EngineCallCase
+from tests.engine_call_cases import CASES
+from tests.worked_cases import Case
 
 EAGLE_ASYNC = EngineConfig(
     max_num_batched_tokens=64,
@@ -27,7 +28,7 @@ EAGLE_ASYNC = EngineConfig(
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_the_hand_worked_streams_keep_every_book(case: EngineCallCase) -> None:
+def test_the_hand_worked_streams_keep_every_book(case: Case) -> None:
     scheduler = make_scheduler(
         case.config, profile_named("vllm-0.34"), check="collect", judge_books=True
     )

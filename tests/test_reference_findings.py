@@ -7,28 +7,10 @@ K - 1. A step of many short requests then overflows the buffer: C3 breaks.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from dualbudget.reference.scenario import Scenario
 from dualbudget.reference.violations import ContractViolation
-from tests.test_reference_support import run, scenario
-
-FILL_IN = {"method": "dspark", "num_speculative_tokens": 4, "dspark_layout": "fill-in"}
-
-
-def fill_in_scenario(profile: str, prompt_len: int) -> Scenario:
-    cfg: dict[str, Any] = {
-        "max_num_batched_tokens": 20,
-        "max_num_seqs": 5,
-        "max_model_len": 64,
-        "block_size": 16,
-        "num_gpu_blocks": 100,
-        "speculative_config": FILL_IN,
-    }
-    requests = [{"id": str(i), "prompt_len": prompt_len, "max_tokens": 3} for i in range(5)]
-    return scenario(profile, cfg, requests, drafts={"fixed": 0})
+from tests.reference_support import fill_in_scenario, run
 
 
 def test_vllm_0_32_dspark_fill_in_breaks_c3() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_reference_support import config, first_step
+from tests.reference_support import config, first_step
 
 PROMPTS = [10, 10, 10]
 

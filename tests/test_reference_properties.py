@@ -32,7 +32,7 @@ from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import ConfigError, EngineConfig
 from dualbudget.spec.policies import StepParams
 from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES, profile_named
-from tests.test_reference_support import speculative
+from tests.reference_support import speculative
 
 # The pairs the proofs find breaking C3: the reference reports it there, by design.
 UNSOUND = {(profile, layout) for profile, layout, item in expected_findings() if item == "C3"}

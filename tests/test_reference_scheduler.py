@@ -19,7 +19,7 @@ from dualbudget.reference.events import (
 from dualbudget.reference.scenario import RequestSpec, parse_scenario, scenario_to_json
 from dualbudget.reference.scheduler import Scheduler, UnmirroredVllmCrash
 from dualbudget.spec.profiles import profile_named
-from tests.test_reference_support import config, run, scenario
+from tests.reference_support import config, run, scenario
 
 
 def cfg(**fields: Any) -> dict[str, Any]:

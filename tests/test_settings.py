@@ -104,7 +104,7 @@ def test_every_row_is_read_from_a_live_vllm() -> None:
     """The live test of the recorder (``tests/test_settings_live.py``) sets every row on
     the objects vLLM built; a new row without a way to set it fails here too, outside the
     vLLM environments."""
-    from tests.test_settings_live import CHANGES
+    from tests.settings_changes import CHANGES
 
     assert set(CHANGES) == set(SETTING_NAMES)
 

@@ -18,7 +18,7 @@ from dualbudget.reference.synthetic_trace import write_synthetic_trace
 from dualbudget.reference.trace import VERSION, TraceError, TraceHeader, TraceWriter, read_trace
 from dualbudget.reference.workload import preset
 from tests.engine_call_cases import CASES as ENGINE_CALL_CASES
-from tests.engine_call_cases import EngineCallCase
+from tests.worked_cases import Case
 
 SHIPPED = TRACES
 
@@ -370,7 +370,7 @@ def test_a_bad_free_block_count_exits_2_naming_it(
 
 
 # -- the engine's calls on the scheduler (version 5) ------------------------------------------
-def _write_case(path: Path, case: EngineCallCase, vllm_version: str) -> None:
+def _write_case(path: Path, case: Case, vllm_version: str) -> None:
     """A hand-worked stream of tests/engine_call_cases.py as a trace: its events as they
     came, and at each ScheduleStep the decision worked out by hand, so that the replay
     checks the reference against the hand, not against itself."""
@@ -393,7 +393,7 @@ def _write_case(path: Path, case: EngineCallCase, vllm_version: str) -> None:
 @pytest.mark.parametrize("vllm_version", ["0.32.0", "0.33.0", "0.34.0"])
 @pytest.mark.parametrize("case", ENGINE_CALL_CASES, ids=lambda c: c.name)
 def test_a_trace_with_the_engines_calls_replays(
-    case: EngineCallCase, vllm_version: str, tmp_path: Path
+    case: Case, vllm_version: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "calls.ndjson"
     _write_case(path, case, vllm_version)

@@ -60,3 +60,21 @@ def scenario(
 def run(sc: Scenario, **kwargs: Any) -> tuple[ScenarioRun, list[StepRecord]]:
     scenario_run = ScenarioRun(sc, **kwargs)
     return scenario_run, list(scenario_run.records())
+
+
+FILL_IN = {"method": "dspark", "num_speculative_tokens": 4, "dspark_layout": "fill-in"}
+
+
+def fill_in_scenario(profile: str, prompt_len: int) -> Scenario:
+    """Five prompts of ``prompt_len`` tokens under DSpark's fill-in layout at B = 20, K = 4:
+    the step that breaks C3 where a profile reserves K - 1 draft rows for K + 1."""
+    cfg: dict[str, Any] = {
+        "max_num_batched_tokens": 20,
+        "max_num_seqs": 5,
+        "max_model_len": 64,
+        "block_size": 16,
+        "num_gpu_blocks": 100,
+        "speculative_config": FILL_IN,
+    }
+    requests = [{"id": str(i), "prompt_len": prompt_len, "max_tokens": 3} for i in range(5)]
+    return scenario(profile, cfg, requests, drafts={"fixed": 0})
