@@ -23,10 +23,11 @@ from dualbudget.reference.state import FINISHED_STOPPED
 from dualbudget.spec.config import ConfigError, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
 from tests.async_cases import CASES, EAGLE, S, out
+from tests.releases import every_release
 from tests.worked_cases import Case, run_case
 
 
-@pytest.mark.parametrize("profile", ["vllm-0.32", "vllm-0.33"])
+@every_release
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_hand_worked_case(case: Case, profile: str) -> None:
     decisions, scheduler = run_case(case, profile)

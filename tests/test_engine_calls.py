@@ -23,12 +23,11 @@ from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import PREEMPTED
 from dualbudget.spec.profiles import profile_named
 from tests.engine_call_cases import ASYNC, CASES, SYNC
+from tests.releases import every_release
 from tests.worked_cases import Case, run_case
 
-PROFILES = ("vllm-0.32", "vllm-0.33", "vllm-0.34")
 
-
-@pytest.mark.parametrize("profile", PROFILES)
+@every_release
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_hand_worked_case(case: Case, profile: str) -> None:
     decisions, scheduler = run_case(case, profile)

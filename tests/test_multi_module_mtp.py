@@ -20,6 +20,7 @@ from dualbudget.reference.scheduler import Scheduler
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.profiles import PROFILES, profile_named
 from tests.multi_module_mtp_cases import MAMBA_ALIGN, PROMPT, K, mtp_config, sibling_run
+from tests.releases import every_release
 
 
 def first_step(config: EngineConfig, profile: str) -> tuple[Scheduler, int]:
@@ -139,10 +140,10 @@ def mamba_first_chunk(profile: str) -> int:
     return record.num_scheduled_tokens["a"]
 
 
-@pytest.mark.parametrize("profile", ["vllm-0.32", "vllm-0.33"])
+@every_release
 def test_a_mamba_chunk_ends_at_the_last_state_the_hashes_can_prove(profile: str) -> None:
-    """The chunk ends at the prompt's last reusable Mamba state, 8 in both releases: 0.33
-    hashes each block with the K = 3 tokens after it, so that state leaves K tokens to
+    """The chunk ends at the prompt's last reusable Mamba state, 8 in every release: from
+    0.33 on, vLLM hashes each block with the K = 3 tokens after it, so that state leaves K tokens to
     recompute (14 - 3 = 11, down to a block: 8); 0.32 drops the drafter's last block
     (12 - 4). Leaving one token, as a drafter reading one token past a chunk does, would
     end the chunk at 12, and the reserve cut it to 11."""

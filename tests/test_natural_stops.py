@@ -23,6 +23,7 @@ from dualbudget.reference.scenario import ScenarioError, parse_scenario
 from dualbudget.reference.state import FINISHED_LENGTH, FINISHED_STOPPED
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
+from tests.releases import every_release
 
 EAGLE = EngineConfig(
     max_num_batched_tokens=64,
@@ -58,7 +59,7 @@ STOP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("profile", ["vllm-0.32", "vllm-0.33"])
+@every_release
 @pytest.mark.parametrize(("max_tokens", "at", "status", "kept"), STOP_CASES)
 def test_natural_stop_finishes_the_request(
     profile: str, max_tokens: int, at: int, status: str, kept: int
