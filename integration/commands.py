@@ -223,7 +223,7 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         from .live import scheduler_class
 
         scheduler_class(options.scheduler_cls)  # refused here, before any process starts
-    from .fuzz import run_fuzz
+    from .fuzz import FuzzPlan, run_fuzz
 
     built = profile_named(profile).release.layouts
     layouts = list(options.layouts or built)
@@ -239,7 +239,7 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
     )
     if unbuilt and not options.layouts:
         print(f"  not fuzzed: {', '.join(unbuilt)} (the release builds no such drafter)")
-    result = run_fuzz(
+    plan = FuzzPlan(
         profile=profile,
         vllm_version=version,
         examples=options.examples,
@@ -248,7 +248,6 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         known_findings=known_findings,
         max_seconds=options.max_seconds,
         layouts=layouts,
-        progress=lambda line: print(line, flush=True),
         scheduler_cls=options.scheduler_cls,
         jobs=jobs,
         executor_name=options.executor,
@@ -259,6 +258,7 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         top_up_rounds=options.top_up_rounds if gate else 0,
         monitor_only=monitor_only,
     )
+    result = run_fuzz(plan, progress=lambda line: print(line, flush=True))
     code, table = fuzz_verdict(result, layouts, gate=gate)
     origin = provenance()  # under --vllm-src: which vllm.v1.core files the run took
     if origin is not None:

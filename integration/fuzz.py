@@ -278,35 +278,18 @@ def run_plan(plan: UnitPlan) -> UnitRun:
     return run_unit(plan, cancelled)
 
 
-def run_fuzz(
-    *,
-    profile: str,
-    vllm_version: str,
-    examples: int,
-    seed: int,
-    out_dir: str | Path,
-    known_findings: frozenset[FindingKey],
-    max_seconds: float | None = None,
-    layouts: Sequence[str] | None = None,
-    progress: Callable[[str], None] | None = None,
-    scheduler_cls: str | None = None,
-    jobs: int = 1,
-    executor: Executor | None = None,
-    executor_name: str = DEFAULT_EXECUTOR,
-    ray_address: str | None = None,
-    campaign: str | Path | None = None,
-    top_up_rounds: int = 0,
-    monitor_only: bool = False,
-    budget_seconds: float | None = None,
-) -> FuzzResult:
-    """``examples`` shared out over ``layouts`` and ``AIMS`` (``shares``), one Hypothesis
-    run per unit, merged in unit order; ``known_findings`` are the (profile, layout,
-    contract) breaks that do not stop the run. ``scheduler_cls`` (an import path) replaces
-    vLLM's ``Scheduler`` in every live scheduler built. The units run on ``executor``
-    (kept by the caller across runs), or on a ``fuzz_executor`` of ``jobs`` workers of
-    ``executor_name`` (on ``ray_address``), started for the run.
-    ``monitor_only``: the live scheduler alone, judged by the contract monitor only
-    (``monitor_run``), no reference.
+@dataclass(frozen=True)
+class FuzzPlan:
+    """One fuzz run: what it checks, how much, where its units run and what it keeps.
+
+    ``examples`` are shared out over ``layouts`` (every method the profile's release
+    builds when None) and ``AIMS`` (``shares``), one Hypothesis run per unit, merged in
+    unit order; ``known_findings`` are the (profile, layout, contract) breaks that do not
+    stop the run. ``scheduler_cls`` (an import path) replaces vLLM's ``Scheduler`` in
+    every live scheduler built. ``monitor_only``: the live scheduler alone, judged by the
+    contract monitor only (``monitor_run``), no reference. The units run on ``jobs``
+    workers of ``executor_name`` (on ``ray_address``) unless the caller hands
+    ``run_fuzz`` an executor of its own.
 
     Then up to ``top_up_rounds`` rounds: round r reruns, with a seed of its own and
     ``2**r`` times its planned count of examples, every unit whose aim draws a required
@@ -328,26 +311,92 @@ def run_fuzz(
     one seed's units, no top-up rounds; the result is every unit kept in the campaign,
     merged (``merge_campaign``).
     """
-    require_campaign(budget_seconds, campaign)
-    result = FuzzResult(profile=profile, vllm_version=vllm_version, monitor_only=monitor_only)
-    # Every method the profile's release builds, unless the caller names them.
-    layouts = list(layouts or profile_named(profile).release.layouts)
-    kept = None
-    if campaign is not None:
-        out_dir = Path(campaign) / "scenarios"
-        # A monitor-only unit checks less than a lockstep one: the two never share a DIR.
-        mode = "monitor only" if monitor_only else "lockstep"
-        key = (
-            f"fuzz of {vllm_fingerprint()}, profile {profile}, scheduler {scheduler_cls},"
-            f" {mode}, unit results v{UNIT_RESULTS_FORMAT}, dualbudget {project_digest()[:12]}"
-        )
-        try:
-            kept = Campaign(campaign, key)
-        except CampaignMismatch as err:
-            raise BadInput(f"--campaign: {err}") from None
+
+    profile: str
+    vllm_version: str
+    examples: int
+    seed: int
+    out_dir: str | Path
+    known_findings: frozenset[FindingKey]
+    layouts: Sequence[str] | None = None
+    scheduler_cls: str | None = None
+    monitor_only: bool = False
+    max_seconds: float | None = None
+    top_up_rounds: int = 0
+    campaign: str | Path | None = None
+    budget_seconds: float | None = None
+    jobs: int = 1
+    executor_name: str = DEFAULT_EXECUTOR
+    ray_address: str | None = None
+
+    def methods(self) -> list[str]:
+        """The methods fuzzed: those named, else every one the profile's release builds."""
+        return list(self.layouts or profile_named(self.profile).release.layouts)
+
+    def scenarios_dir(self) -> str:
+        """Where divergence scenarios go: the campaign's ``scenarios/``, else ``out_dir``."""
+        if self.campaign is not None:
+            return str(Path(self.campaign) / "scenarios")
+        return str(self.out_dir)
+
+    def units(
+        self, unit_seed: int, deadline_of: Callable[[int, int], float | None]
+    ) -> list[UnitPlan]:
+        """The units of one seed; ``deadline_of(index, count)``: unit ``index``'s."""
+        units = shares(self.examples, self.methods())
+        return [
+            UnitPlan(
+                index=index,
+                profile=self.profile,
+                layout=layout,
+                aim=aim,
+                examples=count,
+                seed=unit_seed,
+                out_dir=self.scenarios_dir(),
+                known_findings=self.known_findings,
+                scheduler_cls=self.scheduler_cls,
+                monitor_only=self.monitor_only,
+                deadline=deadline_of(index, len(units)),
+            )
+            for index, (layout, aim, count) in enumerate(units)
+        ]
+
+
+def _kept_campaign(plan: FuzzPlan) -> Campaign | None:
+    """The campaign ``plan`` keeps its units in, opened under the key of what decides a
+    unit's result (None without one)."""
+    if plan.campaign is None:
+        return None
+    # A monitor-only unit checks less than a lockstep one: the two never share a DIR.
+    mode = "monitor only" if plan.monitor_only else "lockstep"
+    key = (
+        f"fuzz of {vllm_fingerprint()}, profile {plan.profile}, scheduler"
+        f" {plan.scheduler_cls}, {mode}, unit results v{UNIT_RESULTS_FORMAT},"
+        f" dualbudget {project_digest()[:12]}"
+    )
+    try:
+        return Campaign(plan.campaign, key)
+    except CampaignMismatch as err:
+        raise BadInput(f"--campaign: {err}") from None
+
+
+def run_fuzz(
+    plan: FuzzPlan,
+    *,
+    executor: Executor | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> FuzzResult:
+    """Run ``plan`` (``FuzzPlan`` says how) on ``executor`` (kept by the caller across
+    runs), or on a ``fuzz_executor`` of the plan's workers started for the run."""
+    require_campaign(plan.budget_seconds, plan.campaign)
+    result = FuzzResult(
+        profile=plan.profile, vllm_version=plan.vllm_version, monitor_only=plan.monitor_only
+    )
+    layouts = plan.methods()
+    kept = _kept_campaign(plan)
     own_executor = executor is None
     if executor is None:
-        executor = fuzz_executor(jobs, layouts, executor_name, ray_address)
+        executor = fuzz_executor(plan.jobs, layouts, plan.executor_name, plan.ray_address)
     try:
         result.warm_up_seconds = executor.warm_up_seconds
         what = f"{executor.width} workers, each:" if executor.width > 1 else "its"
@@ -357,73 +406,24 @@ def run_fuzz(
                 f" {result.warm_up_seconds:.1f}s, not counted in the time of the fuzz"
             )
         start = time.monotonic()
-
-        def plans_of(
-            unit_seed: int, deadline_of: Callable[[int, int], float | None]
-        ) -> list[UnitPlan]:
-            """The units of one seed; ``deadline_of(index, count)``: unit ``index``'s."""
-            units = shares(examples, layouts)
-            return [
-                UnitPlan(
-                    index=index,
-                    profile=profile,
-                    layout=layout,
-                    aim=aim,
-                    examples=count,
-                    seed=unit_seed,
-                    out_dir=str(out_dir),
-                    known_findings=known_findings,
-                    scheduler_cls=scheduler_cls,
-                    monitor_only=monitor_only,
-                    deadline=deadline_of(index, len(units)),
-                )
-                for index, (layout, aim, count) in enumerate(units)
-            ]
-
-        if budget_seconds is not None and kept is not None:
+        if plan.budget_seconds is not None and kept is not None:
             return draw_for(
-                budget_seconds,
-                lambda unit_seed, deadline: plans_of(unit_seed, lambda _, __: deadline),
-                seed,
+                plan.budget_seconds,
+                lambda unit_seed, deadline: plan.units(unit_seed, lambda _, __: deadline),
+                plan.seed,
                 executor,
                 kept,
                 result,
                 layouts,
                 progress,
             )
-        plans = plans_of(
-            seed,
+        max_seconds = plan.max_seconds
+        plans = plan.units(
+            plan.seed,
             lambda index, count: start + max_seconds * (index + 1) / count if max_seconds else None,
         )
         _run_plans(plans, executor, kept, result, progress, start)
-        planned = {(plan.layout, plan.aim): plan for plan in plans}
-        for top_up_round in range(1, top_up_rounds + 1):
-            gaps = [] if result.stopped or result.stopped_by_time else top_up_units(result, layouts)
-            if not gaps:
-                break
-            if progress:
-                progress(
-                    f"  top-up round {top_up_round}: required events at zero for"
-                    f" {', '.join(result.zero_coverage(layouts))}; rerunning"
-                    f" {', '.join(f'{layout}/{aim}' for layout, aim in gaps)}"
-                )
-            reruns = []
-            for index, (layout, aim) in enumerate(gaps):
-                # A unit too small a run left out counts as one planned example.
-                plan = planned.get((layout, aim)) or replace(
-                    plans[0], layout=layout, aim=aim, examples=1
-                )
-                reruns.append(
-                    replace(
-                        plan,
-                        index=len(plans) + index,
-                        examples=plan.examples * 2**top_up_round,
-                        top_up_round=top_up_round,
-                        deadline=start + max_seconds if max_seconds else None,
-                    )
-                )
-            plans += reruns
-            _run_plans(reruns, executor, kept, result, progress, start)
+        _top_up(plan, plans, executor, kept, result, progress, start)
         result.seconds = time.monotonic() - start
     finally:
         if own_executor:
@@ -431,6 +431,49 @@ def run_fuzz(
         if kept is not None:
             kept.close()
     return result
+
+
+def _top_up(
+    plan: FuzzPlan,
+    plans: list[UnitPlan],
+    executor: Executor,
+    kept: Campaign | None,
+    result: FuzzResult,
+    progress: Callable[[str], None] | None,
+    start: float,
+) -> None:
+    """The top-up rounds of ``plan`` after its planned units ``plans`` ran
+    (``FuzzPlan``): each reruns the units whose aim draws an event still at zero."""
+    layouts = plan.methods()
+    planned = {(unit.layout, unit.aim): unit for unit in plans}
+    ran = len(plans)
+    for top_up_round in range(1, plan.top_up_rounds + 1):
+        gaps = [] if result.stopped or result.stopped_by_time else top_up_units(result, layouts)
+        if not gaps:
+            return
+        if progress:
+            progress(
+                f"  top-up round {top_up_round}: required events at zero for"
+                f" {', '.join(result.zero_coverage(layouts))}; rerunning"
+                f" {', '.join(f'{layout}/{aim}' for layout, aim in gaps)}"
+            )
+        reruns = []
+        for index, (layout, aim) in enumerate(gaps):
+            # A unit too small a run left out counts as one planned example.
+            unit = planned.get((layout, aim)) or replace(
+                plans[0], layout=layout, aim=aim, examples=1
+            )
+            reruns.append(
+                replace(
+                    unit,
+                    index=ran + index,
+                    examples=unit.examples * 2**top_up_round,
+                    top_up_round=top_up_round,
+                    deadline=start + plan.max_seconds if plan.max_seconds else None,
+                )
+            )
+        ran += len(reruns)
+        _run_plans(reruns, executor, kept, result, progress, start)
 
 
 def require_campaign(budget_seconds: float | None, campaign: str | Path | None) -> None:
@@ -591,7 +634,7 @@ def first_divergence(
     finding also stops the run; it is in the result, with no divergence."""
     from .live import require_vllm
 
-    result = run_fuzz(
+    plan = FuzzPlan(
         profile=profile,
         vllm_version=require_vllm(),
         examples=examples,
@@ -601,6 +644,6 @@ def first_divergence(
         layouts=layouts,
         scheduler_cls=scheduler_cls,
         jobs=jobs,
-        executor=executor,
     )
+    result = run_fuzz(plan, executor=executor)
     return (result.divergences[0] if result.divergences else None), result

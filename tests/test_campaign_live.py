@@ -28,21 +28,23 @@ def _runs(out: Path, executor: Any, campaign: Path | None = None) -> dict[str, A
     """The fuzz's JSON and two mutants' results (timings aside) on ``executor``."""
     from dualbudget.fuzz_cli import known_findings
     from dualbudget.integration.commands import fuzz_json
-    from dualbudget.integration.fuzz import run_fuzz
+    from dualbudget.integration.fuzz import FuzzPlan, run_fuzz
     from dualbudget.integration.live import require_vllm
     from dualbudget.integration.mutate import Plan, run_mutants
     from dualbudget.integration.mutation.loading import installed_vllm_source, sites
 
     profile = live_profile_name()
     result = run_fuzz(
-        profile=profile,
-        vllm_version=require_vllm(),
-        examples=EXAMPLES,
-        seed=1,
-        out_dir=out / "fuzz",
-        known_findings=known_findings(),
+        FuzzPlan(
+            profile=profile,
+            vllm_version=require_vllm(),
+            examples=EXAMPLES,
+            seed=1,
+            out_dir=out / "fuzz",
+            known_findings=known_findings(),
+            campaign=campaign,
+        ),
         executor=executor,
-        campaign=campaign,
     )
     fuzz = {k: v for k, v in fuzz_json(result).items() if k not in TIMINGS}
     found = sites(installed_vllm_source())

@@ -16,7 +16,7 @@ import pytest
 
 from dualbudget.cli import main
 from dualbudget.integration.aims import AIMS
-from dualbudget.integration.fuzz import run_fuzz
+from dualbudget.integration.fuzz import FuzzPlan, run_fuzz
 from dualbudget.integration.outcome import FuzzResult
 from dualbudget.integration.testing import live_profile_name, require_live_vllm
 
@@ -27,14 +27,16 @@ LAYOUTS = ["ngram", "dflash"]
 
 def _fuzz(tmp_path: Path, jobs: int) -> FuzzResult:
     return run_fuzz(
-        profile=live_profile_name(),
-        vllm_version=require_live_vllm(),
-        examples=2 * len(AIMS),  # one unit per (layout, aim)
-        seed=5,
-        out_dir=tmp_path / f"jobs{jobs}",
-        known_findings=frozenset(),
-        layouts=LAYOUTS,
-        jobs=jobs,
+        FuzzPlan(
+            profile=live_profile_name(),
+            vllm_version=require_live_vllm(),
+            examples=2 * len(AIMS),  # one unit per (layout, aim)
+            seed=5,
+            out_dir=tmp_path / f"jobs{jobs}",
+            known_findings=frozenset(),
+            layouts=LAYOUTS,
+            jobs=jobs,
+        )
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 from dualbudget.fuzz_cli import known_findings
 from dualbudget.integration.aims import AIMS
 from dualbudget.integration.commands import FuzzOptions, replay_scenario, run_fuzz_stage
-from dualbudget.integration.fuzz import run_fuzz
+from dualbudget.integration.fuzz import FuzzPlan, run_fuzz
 from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import run_in_lockstep
 from dualbudget.integration.monitor import (
@@ -73,14 +73,16 @@ def test_a_seeded_fuzz_shows_no_violation_outside_the_findings(
 ) -> None:
     require_live_vllm()
     result = run_fuzz(
-        profile=profile,
-        vllm_version=require_live_vllm(),
-        examples=90,
-        seed=1,
-        out_dir=tmp_path,
-        known_findings=known_findings(),
-        # Three methods, enough examples that every aim runs past Hypothesis' simplest.
-        layouts=("ngram-parallel", "eagle", "dspark-fill-in"),
+        FuzzPlan(
+            profile=profile,
+            vllm_version=require_live_vllm(),
+            examples=90,
+            seed=1,
+            out_dir=tmp_path,
+            known_findings=known_findings(),
+            # Three methods, enough examples that every aim runs past Hypothesis' simplest.
+            layouts=("ngram-parallel", "eagle", "dspark-fill-in"),
+        )
     )
     # Divergences are the lockstep's to judge (tests/test_live_lockstep.py): here, the
     # monitor's opinion of every step run.
