@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from dualbudget.integration.fuzz import run_fuzz
 from dualbudget.integration.lockstep import ConfigRefused, Lockstep
 from dualbudget.integration.testing import (
     installed_layouts,
-    require_live_vllm,
 )
 from dualbudget.reference.events import ModelOutput, ScheduleStep
 from dualbudget.reference.scheduler import Scheduler
@@ -23,6 +20,7 @@ from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUTS, MethodLayout
 from dualbudget.spec.profiles import profile_named
 from tests.async_cases import CASES
+from tests.planted_scenario import planted_divergence
 from tests.worked_cases import Case
 
 pytestmark = pytest.mark.live
@@ -118,12 +116,13 @@ def test_drawn_async_runs_agree(layout: MethodLayout, profile: str) -> None:
     assert all(seen.values()), seen
 
 
-def test_a_planted_stale_output_bug_is_caught_by_the_fuzz(
-    profile: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_a_planted_stale_output_bug_is_found_on_its_scenario(
+    profile: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reference that drops stale output (as vLLM does only for a connector's hand-off)
-    instead of delivering it: the fuzz's own machine finds the step where vLLM's resumed
-    request, which kept the stale tokens, asks for more than the reference's.
+    instead of delivering it: on an async scenario whose preempted request has output in
+    flight, vLLM's resumed request, which kept the stale tokens, asks for more than the
+    reference's.
 
     (The waiting loop's skip of a request with stale output still to come cannot be
     planted this way: with the engine's batch queue of depth 2 the stale output of a
@@ -144,18 +143,13 @@ def test_a_planted_stale_output_bug_is_caught_by_the_fuzz(
             if requests[rid].status == PREEMPTED:
                 requests[rid].num_output_tokens = num_output_tokens  # the tokens dropped
 
-    monkeypatch.setattr(Scheduler, "_update_from_output", drop_stale)
-    result = run_fuzz(
-        profile=profile,
-        vllm_version=require_live_vllm(),
-        examples=40,
-        seed=1,
-        out_dir=tmp_path,
-        known_findings=frozenset(),
-        layouts=["eagle"],
+    found = planted_divergence(
+        "stale-output-delivered",
+        profile,
+        lambda: monkeypatch.setattr(Scheduler, "_update_from_output", drop_stale),
     )
-    assert result.divergences, "the planted bug went unnoticed"
-    assert result.divergences[0].kind == "decision"
+    assert found is not None, "the planted bug went unnoticed"
+    assert (found.kind, found.step) == ("decision", 4), found.report()
 
 
 def test_a_scheduler_class_of_ones_own_runs_async_with_its_overrides(

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from dualbudget.integration.aims import AIMS
 from dualbudget.integration.live import installed_vllm_version
-from dualbudget.integration.lockstep import Divergence, DivergenceFound, Lockstep, MirroredCrash
+from dualbudget.integration.lockstep import DivergenceFound, Lockstep, MirroredCrash
 from dualbudget.integration.testing import installed_layouts
 from dualbudget.reference import kv_coordinator
 from dualbudget.reference.deployments import DEPLOYMENTS
@@ -24,7 +23,7 @@ from dualbudget.reference.kv_coordinator import lookup_types
 from dualbudget.reference.kv_hybrid import HybridKVCacheManager
 from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv_single_type import SlidingWindowManager
-from dualbudget.reference.scenario import Scenario, load_scenario
+from dualbudget.reference.scenario import Scenario
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED
 from dualbudget.reference.settings import first_unreplayed
 from dualbudget.reference.state import RequestState
@@ -32,6 +31,7 @@ from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.profiles import profile_named
 from tests import kv_group_cases
+from tests.planted_scenario import planted_divergence, planted_scenario
 
 pytestmark = pytest.mark.live
 
@@ -663,48 +663,22 @@ def test_every_method_builds_the_hybrid_aims_layouts(layout: str, profile: str) 
 
 
 def _planted_is_found(
-    profile: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    seed: int,
-    plant: Callable[[], None],
+    name: str, profile: str, plant: Callable[[], None], kind: str, step: int
 ) -> Scenario:
-    """A small seeded fuzz of the hybrid aim (mixed, of weight 0, takes the one example
-    left over) agrees with vLLM, then finds the difference ``plant`` makes in the
-    reference; the scenario of the divergence it writes."""
-    from dualbudget.fuzz_cli import known_findings
-    from dualbudget.integration import fuzz
-    from dualbudget.integration.live import require_vllm
-
-    monkeypatch.setattr(fuzz, "AIMS", {name: AIMS[name] for name in ("mixed", "hybrid")})
-
-    def run(out: str) -> list[object]:
-        result = fuzz.run_fuzz(
-            profile=profile,
-            vllm_version=require_vllm(),
-            examples=20,
-            seed=seed,
-            out_dir=tmp_path / out,
-            known_findings=known_findings(),
-            layouts=["eagle"],
-        )
-        return list(result.divergences)
-
-    assert not run("control"), "the same fuzz without the planted difference must agree"
-    plant()
-    divergences = run("planted")
-    assert divergences, "the planted difference went unnoticed"
-    found = divergences[0]
-    assert isinstance(found, Divergence) and found.scenario_path is not None
-    return load_scenario(found.scenario_path)
+    """The scenario of ``name`` (``planted_scenario``), which agrees with vLLM, diverges
+    on ``kind`` at ``step`` once ``plant`` makes its difference in the reference."""
+    found = planted_divergence(name, profile, plant)
+    assert found is not None, f"{name}: the planted difference went unnoticed"
+    assert (found.kind, found.step) == (kind, step), found.report()
+    return planted_scenario(name, profile)
 
 
 def _window_one_token_longer(self: SlidingWindowManager, num_computed_tokens: int) -> int:
     return max(0, num_computed_tokens - self.sliding_window)
 
 
-def test_a_planted_sliding_window_difference_is_found_by_the_fuzz(
-    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_planted_sliding_window_difference_is_found_on_its_scenario(
+    profile: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference's sliding-window group keeping one token more than vLLM's (so a block
     leaves the window a token late) is found."""
@@ -712,9 +686,7 @@ def test_a_planted_sliding_window_difference_is_found_by_the_fuzz(
     def plant() -> None:
         monkeypatch.setattr(SlidingWindowManager, "num_skipped_tokens", _window_one_token_longer)
 
-    # Seed 3's 20 examples reach a step where a block leaves the window a token late in
-    # both releases (under 0.32 seeds 2 and 4 do not).
-    found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
+    found = _planted_is_found("sliding-window-late", profile, plant, "free_blocks", 6)
     assert found.config.kv_groups
 
 
@@ -724,26 +696,24 @@ def _each_group_apart(groups: tuple[KVGroup, ...]) -> tuple[tuple[int, ...], ...
 
 
 def test_groups_of_one_spec_looked_up_apart_are_found_where_a_hit_drops_a_block(
-    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    profile: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference looking each group of one spec up on its own, as vLLM looks up groups
     of different specs. Where EAGLE's hit drops its last block (0.32), the group beside
     the drafter's of its spec no longer drops with it and a hit comes out a block longer:
     found. Where none drops (0.33's lookahead hashes), the two lookups decide alike: the
     full-attention group leads the lookup, so every later hit and the junction are
-    bounded by its own, and the same fuzz agrees both ways."""
+    bounded by its own, and its scenario agrees both ways."""
 
     def plant() -> None:
         monkeypatch.setattr(kv_coordinator, "lookup_types", _each_group_apart)
 
-    # Seed 3: its 20 examples draw a layout of two groups of one spec beside the drafter's
-    # whose hits differ under 0.32 (of seeds 1 to 10 only 3 and 9 do).
+    # Two groups of one spec beside the drafter's, whose hits differ where EAGLE drops.
     if profile_named(profile).release.drops_last_hit_block("eagle"):
-        found = _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
+        found = _planted_is_found("looked-up-apart", profile, plant, "decision", 38)
         assert any(len(group_ids) > 1 for group_ids in lookup_types(found.config.groups))
     else:
-        with pytest.raises(AssertionError, match="went unnoticed"):
-            _planted_is_found(profile, tmp_path, monkeypatch, 3, plant)
+        assert planted_divergence("looked-up-apart", profile, plant) is None
 
 
 def _every_block_retained(
@@ -757,8 +727,8 @@ def _every_block_retained(
     return None
 
 
-def test_a_planted_dense_retention_is_found_by_the_fuzz(
-    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_planted_dense_retention_is_found_on_its_scenario(
+    profile: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference's sliding-window group caching every block whatever the config's
     ``prefix_cache_retention_interval`` (vLLM's engine default 0 keeps only the blocks a
@@ -767,14 +737,13 @@ def test_a_planted_dense_retention_is_found_by_the_fuzz(
     def plant() -> None:
         monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "retained", _every_block_retained)
 
-    # Seed 1: its 20 examples cache a shared prefix under retention 0 in both releases
-    # (seed 3 does not under 0.33, seed 4 not under 0.32).
-    found = _planted_is_found(profile, tmp_path, monkeypatch, 1, plant)
+    # A shared prefix cached under retention 0.
+    found = _planted_is_found("dense-retention", profile, plant, "decision", 5)
     assert found.config.prefix_cache_retention_interval == 0
 
 
-def test_a_planted_missing_checkpoint_block_is_found_by_the_fuzz(
-    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_planted_missing_checkpoint_block_is_found_on_its_scenario(
+    profile: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference's coordinator without caching reserving no Mamba prefill checkpoint
     block (a block fewer than vLLM takes, no decision changed that step) is found, by the
@@ -787,8 +756,7 @@ def test_a_planted_missing_checkpoint_block_is_found_by_the_fuzz(
             _no_checkpoint_without_caching(HybridKVCacheManager._reserve_checkpoint),
         )
 
-    # Seed 7: its 20 examples draw Mamba align with checkpoint blocks and caching off in
-    # both releases (of seeds 1 to 6, 6 does under 0.33 only and 3 under 0.32 only).
-    found = _planted_is_found(profile, tmp_path, monkeypatch, 7, plant)
+    # Mamba align with checkpoint blocks and caching off.
+    found = _planted_is_found("missing-checkpoint", profile, plant, "free_blocks", 0)
     assert not found.config.enable_prefix_caching
     assert found.config.mamba_prefill_checkpoint_blocks == 1

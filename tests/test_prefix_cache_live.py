@@ -17,19 +17,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from dualbudget.integration.live import installed_vllm_version
-from dualbudget.integration.lockstep import Divergence, Lockstep, live_records, run_in_lockstep
+from dualbudget.integration.lockstep import Lockstep, live_records
 from dualbudget.reference.prefix_cache import BlockPool, HitRule
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, load_scenario
+from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario
 from dualbudget.reference.token_ids import segment
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.releases import Release
 from tests import prefix_cases
+from tests.planted_scenario import planted_divergence, planted_scenario
 
 pytestmark = pytest.mark.live
 
@@ -231,46 +231,25 @@ def _flipped_block_drop(
 
 _HIT_RULE_OF = HitRule.of
 PLANTED = {
-    # A hit on blocks a running request holds charged as if they were free.
-    "held hit charged free blocks": ("ngram", BlockPool, "num_evictable", _every_block_evictable),
-    # 0.32's eagle drop of the last hit block forgotten (under 0.33: one made up).
-    "eagle block drop flipped": ("eagle", HitRule, "of", staticmethod(_flipped_block_drop)),
+    # A hit on blocks a running request holds charged as if they were free: the pools
+    # differ at the first step.
+    "held-hit-free": (BlockPool, "num_evictable", _every_block_evictable, ("free_blocks", 0)),
+    # 0.32's eagle drop of the last hit block forgotten (under 0.33: one made up): a hit a
+    # block off changes the tokens scheduled at step 3.
+    "eagle-drop-flipped": (HitRule, "of", staticmethod(_flipped_block_drop), ("decision", 3)),
 }
 
 
 @pytest.mark.parametrize("bug", list(PLANTED))
-def test_a_planted_prefix_cache_bug_is_found_by_the_fuzz(
-    bug: str, profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_planted_prefix_cache_bug_is_found_on_its_scenario(
+    bug: str, profile: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A difference planted in the reference's prefix cache: the fuzz of one method finds
-    it, in every release, within 30 examples, where the same fuzz without it agrees."""
-    from dualbudget.fuzz_cli import known_findings
-    from dualbudget.integration.fuzz import run_fuzz
-    from dualbudget.integration.live import require_vllm
-
-    layout, owner, name, planted = PLANTED[bug]
-
-    def fuzz(out: str) -> list[object]:
-        result = run_fuzz(
-            profile=profile,
-            vllm_version=require_vllm(),
-            examples=30,
-            seed=1,
-            out_dir=tmp_path / out,
-            known_findings=known_findings(),
-            layouts=[layout],
-        )
-        return list(result.divergences)
-
-    assert not fuzz("control"), "the same fuzz without the planted difference must agree"
-    monkeypatch.setattr(owner, name, planted)
-    divergences = fuzz("planted")
-    assert divergences, f"{bug}: the planted difference went unnoticed"
-    # Its scenario file carries the prompts' ids and replays the divergence.
-    found = divergences[0]
-    assert isinstance(found, Divergence) and found.scenario_path is not None
-    scenario = load_scenario(found.scenario_path)
+    """A difference planted in the reference's prefix cache, on a scenario of prompts
+    sharing blocks that agrees with vLLM without it: found, in every release."""
+    owner, name, planted, (kind, step) = PLANTED[bug]
+    scenario = planted_scenario(bug, profile)
     assert scenario.config.enable_prefix_caching
     assert any(r.prompt_token_ids is not None for r in scenario.requests)
-    _, again = run_in_lockstep(scenario)
-    assert again is not None and again.step == found.step
+    found = planted_divergence(bug, profile, lambda: monkeypatch.setattr(owner, name, planted))
+    assert found is not None, f"{bug}: the planted difference went unnoticed"
+    assert (found.kind, found.step) == (kind, step), found.report()

@@ -1,0 +1,34 @@
+"""Differences planted in the reference, each found on a fixed scenario that reaches the
+state where the plant changes a decision or the free blocks: the scenario agrees with
+vLLM without the plant and diverges with it, in every release it is run against.
+
+The scenarios (``planted_scenarios/NAME.json``) were written by the seeded fuzz that
+first found each plant; a test that drives them depends on what the reference and vLLM
+decide on them, not on which examples a fuzz seed draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from dualbudget.integration.lockstep import Divergence, run_in_lockstep
+from dualbudget.reference.scenario import Scenario, load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent / "planted_scenarios"
+
+
+def planted_scenario(name: str, profile: str) -> Scenario:
+    """The scenario of ``name`` under ``profile`` (the installed release's)."""
+    return load_scenario(SCENARIOS / f"{name}.json").with_profile(profile)
+
+
+def planted_divergence(name: str, profile: str, plant: Callable[[], None]) -> Divergence | None:
+    """The divergence ``plant`` makes on the scenario of ``name`` in lockstep with the
+    installed vLLM, after the same scenario agreed without it (None: no divergence)."""
+    scenario = planted_scenario(name, profile)
+    _, control = run_in_lockstep(scenario)
+    assert control is None, f"{name}: without the plant it must agree: {control.report()}"
+    plant()
+    _, found = run_in_lockstep(scenario)
+    return found
