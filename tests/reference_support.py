@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from dualbudget.proofs.manifest import expected_findings
 from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import AddRequest, ScheduleStep, StepRecord
 from dualbudget.reference.scenario import Scenario, parse_scenario
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
-from dualbudget.spec.profiles import profile_named
+from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES, profile_named
+
+_BREAKING_C3 = {(profile, layout) for profile, layout, item in expected_findings() if item == "C3"}
+SOUND_PAIRS = tuple(
+    (profile, layout)
+    for profile in PROFILE_NAMES
+    for layout in ("none", *PROFILES[profile].release.layouts)
+    if (profile, layout) not in _BREAKING_C3
+)
+"""Every (profile, layout) pair the reference runs, but those whose C3 break the proofs
+expect (``proofs/manifest.toml``): there the reference reports the break by design
+(tests/test_reference_findings.py pins them)."""
 
 
 def speculative(layout: str, k: int) -> SpeculativeConfig | None:

@@ -24,7 +24,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dualbudget.proofs.manifest import expected_findings
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import EventDriver
 from dualbudget.reference.events import PAUSE_STATES, StepRecord
@@ -35,16 +34,9 @@ from dualbudget.reference.state import RequestState
 from dualbudget.reference.violations import ContractViolation
 from dualbudget.spec.config import ConfigError, EngineConfig, runs_async
 from dualbudget.spec.policies import StepParams
-from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES, profile_named
-from tests.reference_support import speculative
+from dualbudget.spec.profiles import profile_named
+from tests.reference_support import SOUND_PAIRS, speculative
 
-UNSOUND = {(profile, layout) for profile, layout, item in expected_findings() if item == "C3"}
-PAIRS = tuple(
-    (profile, layout)
-    for profile in PROFILE_NAMES
-    for layout in ("none", *PROFILES[profile].release.layouts)
-    if (profile, layout) not in UNSOUND
-)
 MAX_REQUESTS = 10
 
 
@@ -78,7 +70,7 @@ def setups(draw: st.DrawFn) -> Setup:
     small pools (preemption), chunked prefill on and off, long-prefill thresholds, both
     scheduling policies, prefix caching, and async scheduling where the release runs the
     drafter async."""
-    profile, layout = draw(st.sampled_from(PAIRS), label="pair")
+    profile, layout = draw(st.sampled_from(SOUND_PAIRS), label="pair")
     k = draw(st.integers(1, 4), label="K") if layout != "none" else 0
     spec = speculative(layout, k)
     seqs = draw(st.integers(1, 5), label="max_num_seqs")

@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dualbudget.proofs.manifest import expected_findings
 from dualbudget.reference.driver import ScenarioRun, drive
 from dualbudget.reference.events import Event, StepRecord
 from dualbudget.reference.kv import cdiv
@@ -31,17 +30,9 @@ from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import ConfigError, EngineConfig
 from dualbudget.spec.policies import StepParams
-from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES, profile_named
-from tests.reference_support import speculative
+from dualbudget.spec.profiles import profile_named
+from tests.reference_support import SOUND_PAIRS, speculative
 
-# The pairs the proofs find breaking C3: the reference reports it there, by design.
-UNSOUND = {(profile, layout) for profile, layout, item in expected_findings() if item == "C3"}
-PAIRS = [
-    (profile, layout)
-    for profile in PROFILE_NAMES
-    for layout in ("none", *PROFILES[profile].release.layouts)
-    if (profile, layout) not in UNSOUND
-]
 MAX_STEPS = 3000
 SETTINGS = settings(
     max_examples=25,
@@ -215,7 +206,9 @@ def check_run(sc: Scenario) -> Outcome:
     return outcome
 
 
-@pytest.mark.parametrize(("profile", "layout"), PAIRS, ids=[f"{p}-{m}" for p, m in PAIRS])
+@pytest.mark.parametrize(
+    ("profile", "layout"), SOUND_PAIRS, ids=[f"{p}-{m}" for p, m in SOUND_PAIRS]
+)
 def test_sound_pairs_keep_the_contract(profile: str, layout: str) -> None:
     @SETTINGS
     @given(scenarios(profile, layout))
@@ -229,7 +222,7 @@ def test_generated_runs_reach_preemption_chunking_and_padding() -> None:
     seen: Counter[str] = Counter()
 
     @settings(SETTINGS, max_examples=150)
-    @given(st.sampled_from(PAIRS).flatmap(lambda pair: scenarios(*pair)))
+    @given(st.sampled_from(SOUND_PAIRS).flatmap(lambda pair: scenarios(*pair)))
     def check(sc: Scenario) -> None:
         outcome = check_run(sc)
         for record in outcome.records:
