@@ -23,12 +23,12 @@ def planted_scenario(name: str, profile: str) -> Scenario:
     return load_scenario(SCENARIOS / f"{name}.json").with_profile(profile)
 
 
-def planted_divergence(name: str, profile: str, plant: Callable[[], None]) -> Divergence | None:
-    """The divergence ``plant`` makes on the scenario of ``name`` in lockstep with the
-    installed vLLM, after the same scenario agreed without it (None: no divergence)."""
-    scenario = planted_scenario(name, profile)
+def planted_divergence(scenario: Scenario, plant: Callable[[], None]) -> Divergence | None:
+    """The divergence ``plant`` makes on ``scenario`` (a ``planted_scenario``) in lockstep
+    with the installed vLLM, after the same scenario agreed without it (None: no
+    divergence)."""
     _, control = run_in_lockstep(scenario)
-    assert control is None, f"{name}: without the plant it must agree: {control.report()}"
+    assert control is None, f"without the plant it must agree: {control.report()}"
     plant()
     _, found = run_in_lockstep(scenario)
     return found

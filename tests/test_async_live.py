@@ -20,7 +20,7 @@ from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUTS, MethodLayout
 from dualbudget.spec.profiles import profile_named
 from tests.async_cases import CASES
-from tests.planted_scenario import planted_divergence
+from tests.planted_scenario import planted_divergence, planted_scenario
 from tests.worked_cases import Case
 
 pytestmark = pytest.mark.live
@@ -144,8 +144,7 @@ def test_a_planted_stale_output_bug_is_found_on_its_scenario(
                 requests[rid].num_output_tokens = num_output_tokens  # the tokens dropped
 
     found = planted_divergence(
-        "stale-output-delivered",
-        profile,
+        planted_scenario("stale-output-delivered", profile),
         lambda: monkeypatch.setattr(Scheduler, "_update_from_output", drop_stale),
     )
     assert found is not None, "the planted bug went unnoticed"

@@ -667,10 +667,11 @@ def _planted_is_found(
 ) -> Scenario:
     """The scenario of ``name`` (``planted_scenario``), which agrees with vLLM, diverges
     on ``kind`` at ``step`` once ``plant`` makes its difference in the reference."""
-    found = planted_divergence(name, profile, plant)
+    scenario = planted_scenario(name, profile)
+    found = planted_divergence(scenario, plant)
     assert found is not None, f"{name}: the planted difference went unnoticed"
     assert (found.kind, found.step) == (kind, step), found.report()
-    return planted_scenario(name, profile)
+    return scenario
 
 
 def _window_one_token_longer(self: SlidingWindowManager, num_computed_tokens: int) -> int:
@@ -713,7 +714,7 @@ def test_groups_of_one_spec_looked_up_apart_are_found_where_a_hit_drops_a_block(
         found = _planted_is_found("looked-up-apart", profile, plant, "decision", 38)
         assert any(len(group_ids) > 1 for group_ids in lookup_types(found.config.groups))
     else:
-        assert planted_divergence("looked-up-apart", profile, plant) is None
+        assert planted_divergence(planted_scenario("looked-up-apart", profile), plant) is None
 
 
 def _every_block_retained(

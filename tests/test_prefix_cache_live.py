@@ -250,6 +250,6 @@ def test_a_planted_prefix_cache_bug_is_found_on_its_scenario(
     scenario = planted_scenario(bug, profile)
     assert scenario.config.enable_prefix_caching
     assert any(r.prompt_token_ids is not None for r in scenario.requests)
-    found = planted_divergence(bug, profile, lambda: monkeypatch.setattr(owner, name, planted))
+    found = planted_divergence(scenario, lambda: monkeypatch.setattr(owner, name, planted))
     assert found is not None, f"{bug}: the planted difference went unnoticed"
     assert (found.kind, found.step) == (kind, step), found.report()
