@@ -17,6 +17,9 @@ source "$(dirname "$0")/lib.sh"
 cd "$repo"
 mkdir -p out
 
+# pytest-xdist: a worker per core, each test module whole in one worker (tests/conftest.py).
+parallel="--numprocesses auto --dist loadgroup"
+
 # Each stage's line says when it started, so a run's log shows where its time went.
 stage() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 
@@ -29,7 +32,7 @@ stage "mypy --strict, every package and the tests"
 stage "the import contracts of docs/design.md §3.1 (lint-imports)"
 .venv/bin/lint-imports --no-cache
 stage "core tests (no vLLM)"
-.venv/bin/pytest -m "not live" tests
+.venv/bin/pytest -m "not live" $parallel tests
 stage "every proof obligation and every mutant (dualbudget prove --mutants)"
 .venv/bin/dualbudget prove --mutants --json out/prove.json --junit out/prove.xml \
   --witness-dir out/witnesses
@@ -59,7 +62,7 @@ for version in $(vllm_releases); do
   stage "vLLM $version environment"
   ensure_vllm_env "$version"
   stage "live tests against vLLM $version"
-  ".venv-vllm-$version/bin/pytest" -m live --durations=12 tests
+  ".venv-vllm-$version/bin/pytest" -m live $parallel --durations=12 tests
   stage "lockstep fuzz against vLLM $version (seed 1)"
   ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 \
     --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"

@@ -56,6 +56,18 @@ def pytest_make_collect_report(
     return report
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh) a group runs in one
+    worker: each module is a group of its own, so a module's fixtures (a planted tree
+    fuzzed, the proofs run once) are built once, unless the module names another group
+    (the tests that share the one local Ray, tests/ray_support.py). First, so that xdist
+    reads these marks when it names the groups."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 @pytest.fixture
 def scheduler_plugin(monkeypatch: pytest.MonkeyPatch) -> str:
     """The ``--scheduler-cls`` path of tests/scheduler_plugin.py's ``OneAtATime``. The

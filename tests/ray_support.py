@@ -1,5 +1,7 @@
 """A local Ray with 2 CPUs, started once per test session and shared by the live tests
-that use it (tests/test_executor_ray_live.py, tests/test_campaign_live.py)."""
+that use it (tests/test_executor_ray_live.py, tests/test_campaign_live.py); they and the
+tests that start a Ray of their own (tests/test_sweep_ray_live.py) form one xdist group,
+``RAY_GROUP``, so that one worker runs them and two Rays never share the machine's CPUs."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+RAY_GROUP = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,9 @@ import pytest
 
 from dualbudget.integration.testing import live_profile_name
 
-from .ray_support import local_ray
+from .ray_support import RAY_GROUP, local_ray
 
-pytestmark = [pytest.mark.live, pytest.mark.usefixtures("local_ray")]
+pytestmark = [pytest.mark.live, pytest.mark.usefixtures("local_ray"), RAY_GROUP]
 __all__ = ["local_ray"]
 
 EXAMPLES = 20

@@ -18,9 +18,9 @@ from .executor_units import (
     square,
     waits_for_cancel,
 )
-from .ray_support import local_ray
+from .ray_support import RAY_GROUP, local_ray
 
-pytestmark = [pytest.mark.live, pytest.mark.usefixtures("local_ray")]
+pytestmark = [pytest.mark.live, pytest.mark.usefixtures("local_ray"), RAY_GROUP]
 __all__ = ["local_ray"]
 
 

@@ -12,6 +12,10 @@ import pytest
 
 from dualbudget.cli import main
 
+from .ray_support import RAY_GROUP
+
+pytestmark = [pytest.mark.live, RAY_GROUP]
+
 SWEEP = [
     "simulate", "--sweep", "--grid", "B=128,512", "max_num_seqs=16,64", "K=7",
     "--profile", "vllm-0.32", "--profile", "dual", "--workload", "dspark-bench",
@@ -25,7 +29,6 @@ def _json(argv: list[str], path: Path) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.live
 def test_sweep_on_ray_gives_the_local_table(tmp_path: Path) -> None:
     local = _json([*SWEEP, "--jobs", "2", "--csv", str(tmp_path / "l.csv")], tmp_path / "l.json")
     ray = _json(
@@ -37,7 +40,6 @@ def test_sweep_on_ray_gives_the_local_table(tmp_path: Path) -> None:
     assert len(local["rows"]) == 16
 
 
-@pytest.mark.live
 def test_search_and_reach_on_ray_give_the_local_answers(tmp_path: Path) -> None:
     search = [
         "diff", "--profile", "vllm-0.32", "--profile", "dual", "--layout", "dflash",
