@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dualbudget.campaign.executor import DEFAULT_EXECUTOR
-from dualbudget.reference.compiled import build_name as reference_build
 from dualbudget.reference.events import Event
 from dualbudget.reference.scenario import Scenario
 from dualbudget.spec.errors import BadInput
@@ -230,7 +229,7 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
     unbuilt = [name for name in LAYOUT_NAMES if name not in built]
     jobs = jobs_or_cores(options.jobs)
     checked = f", scheduler {options.scheduler_cls}" if options.scheduler_cls else ""
-    alone = ", contract monitor alone" if monitor_only else f", reference {reference_build()}"
+    alone = ", contract monitor alone" if monitor_only else ""
     print(
         f"dualbudget fuzz: vLLM {version}{checked}, profile {profile} ({how}){alone}, seed"
         f" {options.seed}, {options.examples} examples, layouts {', '.join(layouts)},"
@@ -665,9 +664,8 @@ def bench(options: BenchOptions) -> int:
     profile, how = choose_profile(options.profile)
     repeat = options.repeat
     modes = ("reference", "live", "lockstep")
-    build = reference_build()
     print(
-        f"dualbudget bench: vLLM {version}, profile {profile} ({how}), reference {build},"
+        f"dualbudget bench: vLLM {version}, profile {profile} ({how}),"
         f" median of {repeat} runs per mode",
         flush=True,
     )
@@ -708,7 +706,6 @@ def bench(options: BenchOptions) -> int:
     out = {
         "vllm_version": version,
         "profile": profile,
-        "reference_build": build,
         "repeat": repeat,
         "reference_steps_per_s": round(rates["reference"], 1),
         "live_steps_per_s": round(rates["live"], 1),

@@ -469,7 +469,7 @@ class Lockstep(LiveRun):
         cov["preemption"] += len(record.preempted)
         cov["padded_decode"] += len(state.last_padded)
         cov["bound_after_refund"] += now.cut_after_refund - grants.cut_after_refund
-        token_budget, input_budget = self.reference.kernel.opened
+        token_budget, input_budget = self.reference.rules.opened
         if token_budget < input_budget:
             cov["token_budget_bound"] += now.cut_to_token_budget - grants.cut_to_token_budget
         limit = self.config.max_model_len

@@ -260,7 +260,7 @@ def build_environment(
     if stamp.exists() and stamp.read_text() == inputs:
         return None
     shutil.rmtree(venv, ignore_errors=True)
-    env = {**os.environ, "DUALBUDGET_MYPYC": "0", "VLLM_TARGET_DEVICE": "cpu"}
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)
     for name, argv in build_steps(release, venv, root, python):
@@ -274,7 +274,6 @@ def build_environment(
 def unit_environment() -> dict[str, str]:
     env = {
         **os.environ,
-        "DUALBUDGET_INTERPRETED": "1",
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_USE_V2_MODEL_RUNNER": "0",
         "PYTHONUNBUFFERED": "1",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import sys
 import tempfile
 import time
@@ -127,7 +126,6 @@ def run_unit(args: UnitArgs) -> dict[str, Any]:
         "stage": None,
         "seconds": 0.0,
     }
-    os.environ.setdefault("DUALBUDGET_INTERPRETED", "1")
     stage = "import"
     try:
         from .live import installed_vllm_version, probe_adapter, quiet_vllm, set_environment

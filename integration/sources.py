@@ -19,8 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 installed package."""
 DIGESTED = ("spec", "reference", "integration", "proofs")
 """The folders whose ``.py`` files (and the proofs' manifest) a result depends on."""
-GENERATED = frozenset({"budget_kernels.py"})
-"""Generated from the digested sources (the compiled build's): not digested itself."""
 
 
 def digest_files(paths: Iterable[Path], root: Path) -> str:
@@ -46,9 +44,9 @@ def python_files(root: Path, parts: Iterable[str]) -> list[Path]:
 
 
 def project_digest(root: Path = ROOT) -> str:
-    """A hash of every ``.py`` under spec/ reference/ integration/ proofs/ (generated ones
-    aside) and the proofs' manifest, which names the known findings."""
-    files = [path for path in python_files(root, DIGESTED) if path.name not in GENERATED]
+    """A hash of every ``.py`` under spec/ reference/ integration/ proofs/ and the proofs'
+    manifest, which names the known findings."""
+    files = list(python_files(root, DIGESTED))
     return digest_files([*files, root / "proofs" / "manifest.toml"], root)
 
 

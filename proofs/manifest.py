@@ -165,8 +165,7 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
 def expected_findings() -> frozenset[tuple[str, str, str]]:
     """``(profile, layout, contract item)`` of every failure ``proofs/manifest.toml``
     expects: the known findings, the one list the fuzz and the tests read. The item is
-    the obligation's ``contract`` (an obligation of no contract item, such as
-    ``compiled``, is no finding about a policy)."""
+    the obligation's ``contract``."""
     manifest = load_manifest()
     return frozenset(
         (ob.profile, ob.layout, ob.contract)

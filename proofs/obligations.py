@@ -23,8 +23,6 @@ families (``check`` names; ``contract`` is the item a check belongs to):
   next profile ``X`` down the chain dual > vllm-0.33 > vllm-0.32 > global-reserve (an
   upstream proposal: against the profile ``BRANCHES`` names), proven by induction over
   the queue (``dominance``).
-- ``compiled`` (``compiled_queries``, contract ``kernel``): the reference's stored
-  compiled book equals the spec's formulas, per policy and layout.
 """
 
 from __future__ import annotations
@@ -36,19 +34,16 @@ from typing import Any
 import z3
 
 from dualbudget.spec.arith import floordiv
-from dualbudget.spec.compiled_book import TEMPLATES
 from dualbudget.spec.invariants import (
     empty_step_progress,
     no_stall,
     one_more_token_fits,
     one_token_fits,
 )
-from dualbudget.spec.kernel import PARAMS, template_key
 from dualbudget.spec.methods import layout_named
-from dualbudget.spec.policies import Charge, StepParams
+from dualbudget.spec.policies import Charge
 from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
 
-from .compile_book import COMPILED_LAYOUTS, REGENERATE, book_formulas, book_symbols
 from .dominance import (
     MEASURES,
     Lane,
@@ -63,7 +58,6 @@ from .dominance import (
     serve,
     tied,
 )
-from .kernel_source import UnreadableSource, read_template
 from .model import (
     REFUNDED,
     SCHEDULED,
@@ -71,7 +65,6 @@ from .model import (
     UNSCHEDULED,
     AbsState,
     Subject,
-    SymConfig,
     accepted,
     affine_lemma,
     affine_sum,
@@ -102,7 +95,6 @@ C6_QUEUE = 8
 (tests/test_proofs_dominance.py); the proof itself holds for queues of any length."""
 C5_WITNESS_QUEUE = 3
 OWN_PASS_LAYOUTS = ("dflash", "dspark-anchor", "dspark-fill-in")
-COMPILED_LAYOUT_NAMES = tuple(layout.name for layout in COMPILED_LAYOUTS)
 
 
 @dataclass(frozen=True)
@@ -113,9 +105,7 @@ class Obligation:
     family: str
     """Obligations of one family share their queries (one job)."""
     contract: str
-    """The contract item the check proves (``C1`` .. ``C6``, ``spec/contract.py``);
-    ``kernel`` for the ``compiled`` check, which is about the reference's compiled book,
-    not an item of the contract."""
+    """The contract item the check proves (``C1`` .. ``C6``, ``spec/contract.py``)."""
     inductive: bool = True
     """Proven for any number of requests, not for queues up to a bound: C1/C2 and C6 by
     induction, C3-C5 from the inductive invariant. No obligation is bounded since C6's
@@ -171,13 +161,6 @@ def catalog() -> list[Obligation]:
                     Obligation(profile, layout, f"C6-tokens-vs-{lower}", "C6", "C6"),
                     Obligation(profile, layout, f"C6-requests-vs-{lower}", "C6", "C6"),
                 ]
-    # The reference's compiled book, per policy and every layout it compiles ("none" too).
-    for profile in PROFILE_NAMES:
-        built = PROFILES[profile].release.layouts
-        for layout in COMPILED_LAYOUT_NAMES:
-            if layout not in built and layout != "none":
-                continue
-            out.append(Obligation(profile, layout, "compiled", "compiled", "kernel"))
     return out
 
 
@@ -568,45 +551,6 @@ def c6_queries(
     return out
 
 
-def compiled_queries(subject: Subject, layout_name: str) -> list[Query]:
-    """The stored template of ``spec/compiled_book.py`` (what the reference runs) read back
-    on z3 symbols equals, function by function, what ``StepBook`` and the policy compute
-    on them: for every ledger, request and config vLLM accepts."""
-    layout = next(layout for layout in COMPILED_LAYOUTS if layout.name == layout_name)
-    symbols = book_symbols()
-    b, s, m, k = (symbols.params[name] for name in PARAMS)
-    cfg = SymConfig(b, s, m, k, StepParams(b, s, m, k, layout))
-    premises = cfg.engine()
-    shown = dict(symbols.arguments)
-    spec = book_formulas(subject.policy, layout, symbols, subject.book)
-    template = TEMPLATES.get(template_key(subject.policy, layout))
-    try:
-        if template is None:
-            raise UnreadableSource(f"no stored template: run {REGENERATE}")
-        stored = read_template(template, symbols)
-    except UnreadableSource as err:
-        return [Query(f"stored template: {err}", premises, {"compiled": z3.BoolVal(False)})]
-    out = []
-    for name, outputs in spec.items():
-        label = f"{name}: stored == spec"
-        try:
-            got = stored[name]
-            if len(got) != len(outputs):
-                raise UnreadableSource(f"{len(got)} outputs, the spec has {len(outputs)}")
-            goal = z3.And(*(a == _term(b) for a, b in zip(got, outputs, strict=True)))
-        except (UnreadableSource, z3.Z3Exception) as err:
-            label, goal = f"{name}: {err}", z3.BoolVal(False)
-        out.append(Query(label, premises, {"compiled": goal}, shown))
-    return out
-
-
-def _term(value: Any) -> Any:
-    """A spec output as a z3 term (the code may return a plain int or bool)."""
-    if isinstance(value, bool):
-        return z3.BoolVal(value)
-    return z3.IntVal(value) if isinstance(value, int) else value
-
-
 def family_queries(
     family: str, subjects: Mapping[str, Subject], profile: str, layout: str
 ) -> list[Query]:
@@ -617,7 +561,6 @@ def family_queries(
         "C3": c3_queries,
         "C4": c4_queries,
         "C5": c5_queries,
-        "compiled": compiled_queries,
     }
     if family == "C6":
         lower = lower_of(profile)

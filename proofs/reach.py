@@ -532,10 +532,9 @@ def reach_units(
     obligations: Sequence[Obligation], expected: Callable[[str], str]
 ) -> list[Obligation]:
     """The units of ``prove --reach``: each expected failure among ``obligations``
-    (``expected``: the manifest's verdict of an obligation name), in their order; a
-    failure of no contract item (``compiled``) has no reach. Each unit is independent of
-    the others (``reach_of`` of it), so any executor may run them."""
-    return [ob for ob in obligations if expected(ob.name) == "fails" and ob.family != "compiled"]
+    (``expected``: the manifest's verdict of an obligation name), in their order. Each
+    unit is independent of the others (``reach_of`` of it), so any executor may run them."""
+    return [ob for ob in obligations if expected(ob.name) == "fails"]
 
 
 def reach_of(ob: Obligation, subjects: Mapping[str, Subject]) -> Reach:

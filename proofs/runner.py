@@ -129,7 +129,7 @@ def _jobs(obligations: Iterable[Obligation], mutant: str | None, witnesses: bool
     for ob in obligations:
         grouped.setdefault((ob.family, ob.profile, ob.layout), []).append(ob)
     # Slowest families first, so the pool's tail is short.
-    order = {"C6": 0, "inductive": 1, "C3": 2, "C5": 3, "C4": 4, "reach": 5, "compiled": 6}
+    order = {"C6": 0, "inductive": 1, "C3": 2, "C5": 3, "C4": 4, "reach": 5}
     keys = sorted(grouped, key=lambda key: order.get(key[0], 9))
     return [(f, p, lay, mutant, tuple(grouped[(f, p, lay)]), witnesses) for f, p, lay in keys]
 
@@ -190,7 +190,7 @@ def run_reach(
     obligations: Sequence[Obligation], manifest: Manifest, processes: int | None = None
 ) -> list[Reach]:
     """The reach (proofs/reach.py) of each expected failure among ``obligations``, in
-    their order; a failure of no contract item (``compiled``) has none."""
+    their order."""
     failing = reach_units(obligations, manifest.expected)
     n = processes or workers()
     if n > 1 and len(failing) > 1:
@@ -217,9 +217,7 @@ def run_mutants(
         if names and mutant.name not in names:
             continue
         t0 = time.perf_counter()
-        # A mutant is a twin of the spec's code, not of the stored compiled book: the
-        # ``compiled`` check would only say the book was compiled from the real code.
-        obligations = [ob for ob in select(touching=mutant.profile) if ob.family != "compiled"]
+        obligations = select(touching=mutant.profile)
         outcomes = run(obligations, manifest, mutant.name, witnesses=False, processes=processes)
         killed = [o.name for o in outcomes if o.verdict != "unknown" and not o.matches]
         unknown = [o.name for o in outcomes if o.verdict == "unknown"]

@@ -54,8 +54,6 @@ class KVCacheManager:
     max_model_len: int
     num_lookahead_tokens: int
 
-    # A property, not a ClassVar: mypyc's build of a dataclass would take the annotated
-    # class attribute for a field (reference/compiled.py).
     @property
     def enable_caching(self) -> bool:
         """vLLM's ``KVCacheManager.enable_caching``: whether blocks are known by their

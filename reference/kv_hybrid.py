@@ -74,8 +74,7 @@ class HybridKVCacheManager(KVCacheManager):
         """``remove_skipped_blocks``: each group frees what attention no longer reads;
         below ``kv_skip_horizon`` none would free more (a Mamba ``align`` group's
         states move every step: 0)."""
-        # request.kv_groups holds one GroupBlocks per group (add_request). Indexed, not
-        # zipped: in the compiled build an index loop over a list is native code.
+        # request.kv_groups holds one GroupBlocks per group (add_request), in group order.
         for index, group in enumerate(self.groups):
             blocks = request.kv_groups[index]
             freed = group.remove_skipped_blocks(blocks, processed_computed_tokens)

@@ -24,8 +24,7 @@ from .state import GroupBlocks
 T = TypeVar("T")
 
 UNBOUNDED: Final = sys.maxsize
-"""A promise or horizon nothing reaches (a constant of the module: the compiled build
-reads it without looking ``sys`` up)."""
+"""A promise or horizon nothing reaches."""
 """A block table's entry: a bool (real or null) or a pool block id (0: the null block)."""
 
 

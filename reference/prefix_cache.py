@@ -64,8 +64,6 @@ def hash_blocks(
     key = 0 if parent is None else int(parent, 16)
     hashes: list[str] = []
     offset = start
-    # A while loop and hex(), not range() with a variable step and a format spec: the
-    # compiled build runs both natively (reference/compiled.py).
     while offset + block_size <= end:
         key = hash((key, tuple(token_ids[offset : offset + width])))
         hashes.append(hex(key))

@@ -29,7 +29,7 @@ from dualbudget.spec.policies import Ledger, StepParams
 from dualbudget.spec.profiles import Profile
 
 from . import books, kv
-from .budget_kernel import Kernel, kernel_for
+from .budget_rules import BudgetRules
 from .events import (
     Abort,
     AddRequest,
@@ -118,7 +118,7 @@ class OpenStep:
     index: int
     token_budget: int
     input_budget: int
-    """The step's ledger, moved only by the budget kernel (``spec.kernel``)."""
+    """The step's ledger, moved only by the step book's rules (``BudgetRules``)."""
     scheduled: dict[str, int]
     """The book's entries: the tokens each request was charged for. The charge itself is
     the policy's charge of that many tokens, a function of them alone. Until the
@@ -133,8 +133,8 @@ class OpenStep:
 
 @dataclass(slots=True)
 class GrantCounts:
-    """What the budget kernel answered, counted as the loop asks it, so that the fuzz's
-    budget coverage events (``integration/lockstep.py``) need not wrap the kernel."""
+    """What the budget rules answered, counted as the loop asks them, so that the fuzz's
+    budget coverage events (``integration/lockstep.py``) need not wrap the rules."""
 
     cut_by_input_budget: int = 0
     """Grants below ``min(need, token_budget)``: what cut them is the input budget."""
@@ -179,10 +179,9 @@ class Scheduler:
         self.profile = profile
         self.policy = profile.policy
         self.params = StepParams.of(config)
-        # The book's transitions (and the policy's rules under them) on this config,
-        # compiled from the formulas the proofs check: see spec/kernel.py and
-        # budget_kernel.py.
-        self.kernel: Kernel = kernel_for(self.policy, self.params)
+        # The book's transitions (and the policy's rules under them) on this config: the
+        # spec's code the proofs run, on ints.
+        self.rules = BudgetRules(self.policy, self.params)
         self.grants = GrantCounts()
         # The spec's charge and C(q) per q, for the contract check of every step.
         self._per_q: dict[int, tuple[int, int, int]] = {}
@@ -319,7 +318,7 @@ class Scheduler:
         step_index = state.num_steps
         state.num_steps += 1
         p, policy = self.params, self.policy
-        step = OpenStep(step_index, *self.kernel.opened, {}, {}, [], [])
+        step = OpenStep(step_index, *self.rules.opened, {}, {}, [], [])
         placeholders_before = (
             {
                 rid: request.num_output_placeholders
@@ -399,19 +398,17 @@ class Scheduler:
         """The RUNNING loop of ``Scheduler.schedule``.
 
         It runs for every running request of every step, the reference's hottest loop:
-        the kernel's functions are looked up once, and ``num_tokens`` is read off its
-        fields rather than through the property."""
-        state, kernel = self.state, self.kernel
+        the budget rules are looked up once, and ``num_tokens`` is read off its fields
+        rather than through the property."""
+        state, rules = self.state, self.rules
         running, requests = state.running, state.requests
         max_model_len = self.config.max_model_len
-        # The kernel's and the KV manager's methods are called on them: the compiled build
-        # dispatches them natively (a method looked up into a local is a generic call there).
         kv = self.kv
         split = kv.block_aligned_split()
         scheduled = step.scheduled
         # The ledger lives in locals while the loop runs; step holds it across calls.
         token_budget, input_budget = step.token_budget, step.input_budget
-        done = kernel.exhausted(token_budget, input_budget)
+        done = rules.exhausted(token_budget, input_budget)
         cap_base = max_model_len - NUM_SAMPLED_PER_STEP
         lookahead = self.num_prefill_lookahead_tokens
         index = 0
@@ -435,7 +432,7 @@ class Scheduler:
             need = num_tokens + drafts + placeholders - computed
             if 0 < threshold < need:
                 need = threshold
-            q = kernel.grant(token_budget, input_budget, need)
+            q = rules.grant(token_budget, input_budget, need)
             if q < need:
                 self._count_cut(step, token_budget, q)
             # The position cap vLLM applies for spec decoding: keep one slot for the
@@ -471,11 +468,11 @@ class Scheduler:
                         # Scheduler.schedule: a priority request that preempted itself
                         # freed its blocks; the higher-priority ones after it may still
                         # fit, and ``index`` already points at the next one.
-                        done = kernel.exhausted(token_budget, input_budget)
+                        done = rules.exhausted(token_budget, input_budget)
                         continue
                     break
             # The policy's charge for q tokens, and the book's entry of it.
-            token_budget, input_budget, done = kernel.take(token_budget, input_budget, q)
+            token_budget, input_budget, done = rules.take(token_budget, input_budget, q)
             scheduled[rid] = q
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
@@ -507,7 +504,7 @@ class Scheduler:
                 # Only priority scheduling can pick a victim already scheduled this step
                 # (FCFS takes the last running request, never one before ``request``).
                 # The book refunds exactly what it charged, once: the entry is gone.
-                step.token_budget, step.input_budget = self.kernel.give_back(
+                step.token_budget, step.input_budget = self.rules.give_back(
                     step.token_budget, step.input_budget, charged_for
                 )
                 step.refunded = True
@@ -551,15 +548,15 @@ class Scheduler:
 
     def _schedule_waiting(self, step: OpenStep, threshold: int) -> None:
         """The WAITING loop of ``Scheduler.schedule``."""
-        state, kernel = self.state, self.kernel
+        state, rules = self.state, self.rules
         k = self.num_spec_tokens
         # Only running requests are scheduled so far: vLLM's ``scheduled_running_reqs``.
         running_scheduled = bool(step.scheduled)
         kv = self.kv
         split = kv.block_aligned_split()
         skipped: list[str] = []
-        while state.waiting and not kernel.exhausted(step.token_budget, step.input_budget):
-            if len(state.running) >= kernel.max_active_requests:
+        while state.waiting and not rules.exhausted(step.token_budget, step.input_budget):
+            if len(state.running) >= rules.max_active_requests:
                 break
             request = state.requests[self._peek_waiting()]
             if request.num_stale_output_tokens and not request.drop_stale_output:
@@ -568,7 +565,7 @@ class Scheduler:
                 # nothing).
                 skipped.append(self._pop_waiting(request.request_id))
                 continue
-            room = kernel.room(step.token_budget, step.input_budget)
+            room = rules.room(step.token_budget, step.input_budget)
             # A request starts at its cache hit (none without prefix caching): a
             # full hit leaves it one token, padded below as any one-token decode.
             hit, computed = kv.get_computed_blocks(state, request)
@@ -591,7 +588,7 @@ class Scheduler:
                 need = threshold
             if not self.config.enable_chunked_prefill and need > room:
                 break
-            q = kernel.grant(step.token_budget, step.input_budget, need)
+            q = rules.grant(step.token_budget, step.input_budget, need)
             if q < need:
                 self._count_cut(step, step.token_budget, q)
             if q <= 0:
@@ -640,7 +637,7 @@ class Scheduler:
             request.status = RUNNING
             request.num_computed_tokens = computed
             # The policy's charge for q tokens, and the book's entry of it.
-            step.token_budget, step.input_budget, _ = kernel.take(
+            step.token_budget, step.input_budget, _ = rules.take(
                 step.token_budget, step.input_budget, q
             )
             step.scheduled[request.request_id] = q

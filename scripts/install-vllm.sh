@@ -47,9 +47,7 @@ step "requirements/runtime.lock and test.lock (no deps)"
 "${nodeps[@]}" -r "$locks/runtime.lock" -r "$locks/test.lock" \
   || die "cannot install this project's runtime and test pins"
 step "this project (editable)"
-# Pure Python here: the compiled build, where the core environment made one, lies in the
-# checkout and serves every environment on it (lib.sh, ensure_core_env).
-DUALBUDGET_MYPYC=0 "${nodeps[@]}" -e "$here" || die "cannot install $here"
+"${nodeps[@]}" -e "$here" || die "cannot install $here"
 
 step "smoke test: vLLM's Scheduler on CPU"
 "$venv/bin/python" - "$version" <<'PY' || die "the installed vLLM cannot build its scheduler (see above)"

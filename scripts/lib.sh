@@ -44,10 +44,7 @@ vllm_releases() {
 
 # The core environment: dualbudget (editable) with the runtime, test and tool pins. The
 # pins go in with --no-deps and `pip check` then proves the lock closed: a dependency the
-# lock forgot fails here instead of being resolved behind its back. The editable install
-# compiles the reference's scheduling loop with the pinned mypyc, in place
-# (DUALBUDGET_MYPYC=1, setup.py): every environment on this checkout and Python then runs
-# that build, and the test suites run the sources (tests/conftest.py).
+# lock forgot fails here instead of being resolved behind its back.
 ensure_core_env() {
   local venv="$repo/.venv"
   if [ ! -x "$venv/bin/python" ]; then
@@ -55,16 +52,15 @@ ensure_core_env() {
   fi
   pip_in "$venv" install --quiet -r "$locks/pip.lock"
   pip_in "$venv" install --quiet --no-deps -r "$locks/dev.lock"
-  DUALBUDGET_MYPYC=1 pip_in "$venv" install --quiet --no-deps --no-build-isolation -e "$repo"
+  pip_in "$venv" install --quiet --no-deps --no-build-isolation -e "$repo"
   pip_in "$venv" check
 }
 
-# The built wheel, made once per run from the core environment's pinned setuptools: pure
-# Python (DUALBUDGET_MYPYC=0), so that it installs on every supported Python.
+# The built wheel, made once per run from the core environment's pinned setuptools.
 build_wheel() {
   local dist="$repo/out/dist"
   rm -rf "$dist"
-  DUALBUDGET_MYPYC=0 pip_in "$repo/.venv" wheel --quiet --no-deps --no-build-isolation \
+  pip_in "$repo/.venv" wheel --quiet --no-deps --no-build-isolation \
     --wheel-dir "$dist" "$repo"
   echo "$dist"/dualbudget-*.whl
 }
@@ -97,7 +93,7 @@ ensure_vllm_env() {
   local inputs
   inputs=$(vllm_env_inputs "$version")
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ]; then
-    DUALBUDGET_MYPYC=0 pip_in "$venv" install --quiet --no-deps -e "$repo"
+    pip_in "$venv" install --quiet --no-deps -e "$repo"
     return
   fi
   rm -rf "$venv"

@@ -5,11 +5,9 @@
 #   bash scripts/release-matrix.sh                                  # every listed release
 #   bash scripts/release-matrix.sh --releases 0.27.1,0.31.0 --examples 24 --jobs 1
 #   bash scripts/release-matrix.sh --render docs/release-matrix     # the table from the JSONs
-# Builds (or brings up to date) the core environment first (scripts/lib.sh). The reference
-# runs from its sources in every release environment (DUALBUDGET_INTERPRETED=1): the
-# checkout's compiled build may be older than them.
+# Builds (or brings up to date) the core environment first (scripts/lib.sh).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 ensure_core_env
 cd "$repo"
-DUALBUDGET_INTERPRETED=1 exec "$repo/.venv/bin/dualbudget" matrix "$@"
+exec "$repo/.venv/bin/dualbudget" matrix "$@"

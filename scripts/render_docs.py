@@ -25,7 +25,6 @@ from typing import NamedTuple
 from dualbudget.proofs.manifest import load_manifest
 from dualbudget.proofs.obligations import BRANCHES, CHAIN, catalog, lower_of
 from dualbudget.proofs.strengthenings import NEEDED, SHOWN
-from dualbudget.reference.compiled import KERNELS_MODULE
 from dualbudget.reference.deployments import deployments_markdown
 from dualbudget.reference.scenario import scenario_markdown
 from dualbudget.reference.settings import settings_markdown
@@ -173,8 +172,6 @@ def contract_rows() -> list[ContractRow]:
                 stated[opening[1]].append(node.name)
     checks: dict[str, dict[str, list[str]]] = {item.id: {} for item in CONTRACT}
     for ob in catalog():
-        if ob.contract not in checks:
-            continue  # ``kernel``: the compiled book, no item of the contract
         lower = lower_of(ob.profile)
         check = ob.check.replace(f"-vs-{lower}", "-vs-X") if ob.family == "C6" else ob.check
         family = checks[ob.contract].setdefault(ob.family, [])
@@ -276,15 +273,13 @@ def module_summary(path: Path) -> str:
 
 def module_table() -> str:
     """Every module of the distribution's packages with the first paragraph of its
-    docstring (the top ``__init__`` files and ``__main__`` say nothing more; the compiled
-    build's kernel classes are written by the build, not kept in the repository)."""
+    docstring (the top ``__init__`` files and ``__main__`` say nothing more)."""
     lines = [_row(["module", "what it is"]), _row(["---", "---"])]
     for folder in MODULE_FOLDERS:
         for path in sorted((REPO / folder).rglob("*.py")):
             relative = path.relative_to(REPO)
             top_init = path.name == "__init__.py" and relative.parent == Path(folder)
-            generated = relative == Path("reference", f"{KERNELS_MODULE}.py")
-            if path.name == "__main__.py" or top_init or generated:
+            if path.name == "__main__.py" or top_init:
                 continue
             # A subpackage is listed by its folder, with its __init__'s docstring.
             name = f"{relative.parent.as_posix()}/" if path.name == "__init__.py" else relative

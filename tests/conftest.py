@@ -1,10 +1,7 @@
 """What every test run shares: under ``CI=true`` (set by .ci/run) a skipped test is a
 failure; the profile detected for the installed vLLM, which the live tests run against;
-and the test scheduler plugin, importable by its path as a user's plugin is.
-
-The tests run the reference's sources, never its compiled build (reference/compiled.py):
-a test may plant a difference in a method, which compiled callers would not see. That the
-build decides as the sources do is a test of its own (test_compiled_build.py).
+the test scheduler plugin, importable by its path as a user's plugin is; and each test
+module's group for pytest-xdist.
 
 A skip says a check did not run: a live test without vLLM, a test whose module could not
 be collected. Outside CI that is a fair answer on a machine without vLLM; in CI it would
@@ -20,10 +17,6 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
-
-# Before any test module imports the reference; inherited by the CLI runs and the fuzz's
-# worker processes the tests start.
-os.environ["DUALBUDGET_INTERPRETED"] = "1"
 
 
 def _in_ci() -> bool:

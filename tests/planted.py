@@ -1,6 +1,6 @@
-"""A budget kernel with some of its methods replaced, for a test that plants a wrong
-answer in a reference run. The tests run the sources (conftest.py), where the scheduling
-loop looks each method up on the kernel it holds, so a method set on the instance wins."""
+"""The step book's rules with some of their methods replaced, for a test that plants a
+wrong answer in a reference run: the scheduling loop looks each method up on the rules it
+holds, so a method set on the instance wins."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from dualbudget.reference.budget_kernel import Kernel
+from dualbudget.reference.budget_rules import BudgetRules
 
 
-def planted_kernel(kernel: Kernel, **methods: Callable[..., Any]) -> Kernel:
-    """A copy of ``kernel`` whose named methods are ``methods``; refuses a name that is not
-    one of the kernel's methods, so that a typo cannot plant nothing."""
-    twin = copy.copy(kernel)
+def planted_rules(rules: BudgetRules, **methods: Callable[..., Any]) -> BudgetRules:
+    """A copy of ``rules`` whose named methods are ``methods``; refuses a name that is not
+    one of their methods, so that a typo cannot plant nothing."""
+    twin = copy.copy(rules)
     for name, method in methods.items():
-        if not callable(getattr(Kernel, name, None)):
-            raise AttributeError(f"the budget kernel has no method {name!r}")
+        if not callable(getattr(BudgetRules, name, None)):
+            raise AttributeError(f"the budget rules have no method {name!r}")
         setattr(twin, name, method)
     return twin

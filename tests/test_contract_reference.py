@@ -2,8 +2,8 @@
 
 C1-C3 are checked by the reference after every step (``spec.invariants.step_violations``
 on its ledger and on the step's ``T``, true ``D`` and charges): each test here shows the
-check silent on the real budget rules and naming exactly its item when the compiled
-kernel the reference runs is planted with a fault that breaks that item alone. C4 is the
+check silent on the real budget rules and naming exactly its item when the budget
+rules the reference runs are planted with a fault that breaks that item alone. C4 is the
 run's stall. C5 and C6 speak of what a step could have done, so they are read off the
 steps the reference schedules with the predicates the proofs prove
 (``one_more_token_fits``, ``dominates``). The predicates themselves are pinned in
@@ -19,7 +19,7 @@ from dualbudget.reference.events import StepRecord
 from dualbudget.reference.scenario import parse_scenario
 from dualbudget.spec.invariants import dominates, one_more_token_fits
 from dualbudget.spec.policies import StepParams
-from tests.planted import planted_kernel
+from tests.planted import planted_rules
 
 
 def _prompts(*lengths: int) -> list[dict[str, Any]]:
@@ -56,10 +56,10 @@ def _run(
     scenario: dict[str, Any], max_steps: int | None = 1, **planted: Any
 ) -> tuple[ScenarioRun, list[StepRecord]]:
     """The reference on ``scenario``, its contract check collecting; ``planted`` replaces
-    methods of the budget kernel it runs (``reference.budget_kernel.Kernel``)."""
+    methods of the budget rules it runs (``reference.budget_rules.BudgetRules``)."""
     run = ScenarioRun(parse_scenario(scenario), max_steps=max_steps, check="collect")
     if planted:
-        run.scheduler.kernel = planted_kernel(run.scheduler.kernel, **planted)
+        run.scheduler.rules = planted_rules(run.scheduler.rules, **planted)
     return run, list(run.records())
 
 

@@ -214,7 +214,6 @@ def test_the_campaign_key_changes_with_the_options_and_the_sources(tmp_path: Pat
     (root / "reference" / "a.py").write_text("# changed\n")
     changed = matrix.campaign_key(24, 0, root)
     assert changed != key
-    (root / "reference" / "budget_kernels.py").write_text("# generated\n")
     (root / "notes.txt").write_text("not a source")
     assert matrix.campaign_key(24, 0, root) == changed
     (root / "proofs" / "manifest.toml").write_text("[findings]\n")

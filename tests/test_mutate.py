@@ -237,11 +237,11 @@ def test_the_refund_path_counts_of_the_reference() -> None:
         speculative_config=SpeculativeConfig("dflash", 3, True),
     )  # fmt: skip
     scheduler = Scheduler(config, profile_named("vllm-0.32"), check="raise")
-    kernel, step = scheduler.kernel, OpenStep(0, 8, 16, {}, {}, [], [])
-    assert kernel.opened == (8, 16)
+    rules, step = scheduler.rules, OpenStep(0, 8, 16, {}, {}, [], [])
+    assert rules.opened == (8, 16)
 
     def grant(token_budget: int, input_budget: int, need: int) -> int:
-        q = kernel.grant(token_budget, input_budget, need)
+        q = rules.grant(token_budget, input_budget, need)
         if q < need:
             scheduler._count_cut(step, token_budget, q)
         return q

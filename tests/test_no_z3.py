@@ -1,8 +1,7 @@
 """No reference run imports z3: ``dualbudget schedule`` on every shipped example, and the
 reference scheduler driven through a scenario under every profile, each in a fresh
-interpreter whose ``sys.modules`` is read at the end. The budget kernel they run is the
-stored compiled book (spec/compiled_book.py), proven equal to the spec by
-``dualbudget prove`` (check ``compiled``)."""
+interpreter whose ``sys.modules`` is read at the end. The budget rules they run are the
+spec's ``StepBook`` on ints (``spec.arith`` imports z3 only when handed a z3 term)."""
 
 from __future__ import annotations
 

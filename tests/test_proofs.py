@@ -24,7 +24,7 @@ from dualbudget.spec.contract import CONTRACT_IDS
 from dualbudget.spec.invariants import one_more_token_fits
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.policies import StepParams
-from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
+from dualbudget.spec.profiles import PROFILE_NAMES
 
 MANIFEST = load_manifest()
 OBLIGATIONS = catalog()
@@ -42,25 +42,11 @@ def test_the_manifest_covers_the_catalog_exactly() -> None:
 
 def test_every_profile_layout_and_contract_has_obligations() -> None:
     profiles = {ob.profile for ob in OBLIGATIONS}
-    layouts = {ob.layout for ob in OBLIGATIONS if ob.family != "compiled"}
+    layouts = {ob.layout for ob in OBLIGATIONS}
     contracts = {ob.contract for ob in OBLIGATIONS}
     assert profiles == set(PROFILE_NAMES)
     assert layouts == set(LAYOUT_NAMES)
-    assert contracts == {*CONTRACT_IDS, "kernel"}
-
-
-def test_every_policy_and_layout_has_a_compiled_obligation() -> None:
-    compiled = {(ob.profile, ob.layout) for ob in OBLIGATIONS if ob.check == "compiled"}
-    # Every layout the profile's release builds (0.34 refuses parallel EAGLE, PARD and
-    # parallel ngram: no obligation speaks of a config it refuses).
-    every = {
-        (profile, layout)
-        for profile in PROFILE_NAMES
-        for layout in PROFILES[profile].release.layouts
-    }
-    # ... and the row of a config without speculative decoding, which the reference runs.
-    assert compiled == every | {(profile, "none") for profile in PROFILE_NAMES}
-    assert all(MANIFEST.expected(f"{p}/{lay}/compiled") == "holds" for p, lay in compiled)
+    assert contracts == set(CONTRACT_IDS)
 
 
 @pytest.mark.parametrize("name", [ob.name for ob in OBLIGATIONS])
@@ -177,10 +163,7 @@ def test_expected_findings_are_the_manifests_failures() -> None:
 
 def test_every_check_names_its_contract_item() -> None:
     """The ``contract`` field is the item; a check's name opens with it, so that the
-    manifest's names say the item too (``kernel``: the compiled book, no item)."""
+    manifest's names say the item too."""
     for ob in OBLIGATIONS:
-        if ob.family == "compiled":
-            assert (ob.check, ob.contract) == ("compiled", "kernel")
-        else:
-            assert ob.contract in CONTRACT_IDS, ob.name
-            assert ob.check == ob.contract or ob.check.startswith(f"{ob.contract}-"), ob.name
+        assert ob.contract in CONTRACT_IDS, ob.name
+        assert ob.check == ob.contract or ob.check.startswith(f"{ob.contract}-"), ob.name

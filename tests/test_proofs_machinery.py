@@ -5,24 +5,19 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import z3
 
-from dualbudget.proofs import commands, obligations
-from dualbudget.proofs.compile_book import book_symbols
-from dualbudget.proofs.kernel_source import UnreadableSource, read_template
+from dualbudget.proofs import commands
 from dualbudget.proofs.manifest import Manifest, load_manifest
 from dualbudget.proofs.model import Subject, fcfs_step
 from dualbudget.proofs.mutants import MUTANTS
 from dualbudget.proofs.obligations import Query, catalog
-from dualbudget.proofs.runner import Outcome, run, select
+from dualbudget.proofs.runner import run, select
 from dualbudget.proofs.solve import decide
 from dualbudget.spec.book import StepBook
-from dualbudget.spec.compiled_book import TEMPLATES
-from dualbudget.spec.kernel import template_key
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import Charge, Ledger, StepParams
 from dualbudget.spec.profiles import PROFILES
@@ -225,111 +220,6 @@ def test_mutant_is_killed(mutant: str) -> None:
     assert base.matches, base.reasons
     (mutated,) = run([ob], manifest, mutant=mutant, witnesses=False, processes=1)
     assert mutated.verdict != "unknown" and not mutated.matches, mutated.reasons
-
-
-# -- the compiled book (spec/compiled_book.py) against the spec -------------------------
-
-
-def _compiled(profile: str, layout: str) -> Outcome:
-    (ob,) = [ob for ob in catalog() if ob.name == f"{profile}/{layout}/compiled"]
-    (outcome,) = run([ob], load_manifest(), witnesses=False, processes=1)
-    return outcome
-
-
-def test_the_stored_compiled_book_is_proven_equal_to_the_spec() -> None:
-    outcome = _compiled("vllm-0.32", "dflash")
-    assert outcome.verdict == "holds" and outcome.nonvacuous and outcome.matches
-
-
-@pytest.mark.parametrize(
-    ("planted", "reason"),
-    [
-        # A stale template: the stop condition of an older spec (< for <=).
-        (lambda source: source.replace("input_budget <= ", "input_budget < ", 1), "exhausted"),
-        # A construct the translator never emits.
-        (lambda source: source.replace("t2 if (t2 > 0) else 0", "max(t2, 0)", 1), "no reading"),
-        (lambda source: None, "no stored template"),
-    ],
-)
-def test_a_wrong_stored_template_fails_the_compiled_obligation(
-    monkeypatch: pytest.MonkeyPatch, planted: Callable[[str], str | None], reason: str
-) -> None:
-    key = template_key(PROFILES["vllm-0.32"].policy, layout_named("dflash"))
-    wrong = planted(TEMPLATES[key])
-    assert wrong != TEMPLATES[key]
-    stored = {k: v for k, v in TEMPLATES.items() if k != key}
-    if wrong is not None:
-        stored[key] = wrong
-    monkeypatch.setattr(obligations, "TEMPLATES", stored)
-    outcome = _compiled("vllm-0.32", "dflash")
-    assert outcome.verdict == "fails" and not outcome.matches, outcome.reasons
-    assert any(reason in r for r in outcome.reasons), outcome.reasons
-
-
-_SIGNATURES = {
-    "exhausted": "token_budget, input_budget",
-    "room": "token_budget, input_budget",
-    "grant": "token_budget, input_budget, need",
-    "take": "token_budget, input_budget, q",
-    "give_back": "token_budget, input_budget, q",
-}
-
-
-def _template_with(**bodies: str) -> str:
-    """A template whose functions return ``bodies`` (else something plain and right-typed)."""
-    plain = {
-        "exhausted": "token_budget <= 0",
-        "room": "token_budget",
-        "grant": "need",
-        "take": "token_budget - q, input_budget - q, token_budget - q <= 0",
-        "give_back": "token_budget + q, input_budget + q",
-    }
-    plain.update(bodies)
-    return "\n\n".join(
-        f"def {name}({args}):\n    return {plain[name]}" for name, args in _SIGNATURES.items()
-    )
-
-
-def test_the_interpreter_reads_what_the_translator_emits() -> None:
-    symbols = book_symbols()
-    read = read_template(
-        _template_with(room="(token_budget // 2) if not (token_budget == 3) else -{max_num_seqs}"),
-        symbols,
-    )
-    (room,) = read["room"]
-    tb, m = symbols.arguments["token_budget"], symbols.params["max_num_seqs"]
-    solver = z3.Solver()
-    solver.add(room != z3.If(tb == 3, -m, tb / 2))
-    assert solver.check() == z3.unsat
-
-
-@pytest.mark.parametrize(
-    "room",
-    [
-        "max(token_budget, 0)",  # a call
-        "token_budget.real",  # an attribute
-        "0 <= token_budget <= 5",  # a chained comparison
-        "token_budget // input_budget",  # division by a non-literal
-        "token_budget // 0",  # ... or by zero
-        "token_budget + (input_budget <= 0)",  # an int plus a bool
-        "token_budget if input_budget else 0",  # an int as a condition
-        "secret",  # a name that is no argument, temporary or config number
-        "1.5",  # a float
-    ],
-)
-def test_the_interpreter_refuses_anything_else(room: str) -> None:
-    with pytest.raises(UnreadableSource):
-        read_template(_template_with(room=room), book_symbols())
-
-
-def test_the_interpreter_refuses_a_wrong_signature_or_a_missing_function() -> None:
-    template = _template_with()
-    with pytest.raises(UnreadableSource, match="signature"):
-        read_template(
-            template.replace("def room(token_budget, input_budget)", "def room(x)"), book_symbols()
-        )
-    with pytest.raises(UnreadableSource, match="missing functions: give_back"):
-        read_template(template.split("\n\ndef give_back")[0], book_symbols())
 
 
 def test_breaks_outside_the_model_are_known_to_the_fuzz_and_checked_for_form() -> None:

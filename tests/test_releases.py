@@ -26,9 +26,8 @@ from dualbudget.reference.events import (
 )
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.spec.config import ConfigError, EngineConfig, SpeculativeConfig
-from dualbudget.spec.kernel import NoCompiledBook, compile_kernel
-from dualbudget.spec.methods import LAYOUT_NAMES, NO_SPECULATION, PerK, layout_named
-from dualbudget.spec.policies import Additive, StepParams
+from dualbudget.spec.methods import LAYOUT_NAMES, NO_SPECULATION, PerK
+from dualbudget.spec.policies import Additive
 from dualbudget.spec.profiles import PROFILES, PROPOSAL_NAMES, Profile, release_profile
 from dualbudget.spec.releases import (
     RELEASE_VERSIONS,
@@ -40,7 +39,7 @@ from dualbudget.spec.releases import (
     release_named,
     release_of,
 )
-from tests.planted import planted_kernel
+from tests.planted import planted_rules
 from tests.prefix_cases import P_FORK, STEP, A, P, add, sample
 from tests.prefix_cases import config as prefix_config
 
@@ -121,18 +120,6 @@ def test_the_reference_runs_on_its_profiles_release() -> None:
     for profile in PROFILES.values():
         scheduler = make_scheduler(config, profile)
         assert scheduler.release is profile.release
-
-
-def test_a_release_that_shares_the_columns_shares_the_compiled_book() -> None:
-    p = StepParams(64, 64, 8, 3, layout_named("dflash"))
-    assert (
-        compile_kernel(fictitious().policy, p).source
-        == compile_kernel(VLLM_0_33_PROFILE.policy, p).source
-    )
-    # Other slots are another formula, which no profile compiled.
-    other = dataclasses.replace(VLLM_0_33, slots={**VLLM_0_33.slots, "dflash": PerK(2, 0)})
-    with pytest.raises(NoCompiledBook, match="dflash"):
-        compile_kernel(Additive(other), p)
 
 
 def test_make_scheduler_picks_the_async_class() -> None:
@@ -297,19 +284,19 @@ def test_priority_self_preemption_stops_the_running_loop() -> None:
 def test_a_waiting_request_granted_nothing_is_requeued_or_stops_the_loop() -> None:
     # No spec policy grants a waiting request nothing (the loop guard leaves room >= 1):
     # the branch is mirrored from vLLM, where only multi-module MTP's prefill lookahead
-    # reaches it. Here a kernel that grants the 5-token request a nothing reaches it:
+    # reaches it. Here rules that grant the 5-token request a nothing reaches it:
     # 0.33 requeues a and schedules b (4 tokens); a release that stops schedules none.
     config = EngineConfig(20, 4, 64, 16, 64)
     events: tuple[Event, ...] = (AddRequest("a", 5, 3), AddRequest("b", 4, 3), S)
 
     def run(profile: Profile) -> tuple[dict[str, int], list[str]]:
         scheduler = make_scheduler(config, profile)
-        grant = scheduler.kernel.grant
+        grant = scheduler.rules.grant
 
         def refuses_five(token_budget: int, input_budget: int, need: int) -> int:
             return 0 if need == 5 else grant(token_budget, input_budget, need)
 
-        scheduler.kernel = planted_kernel(scheduler.kernel, grant=refuses_five)
+        scheduler.rules = planted_rules(scheduler.rules, grant=refuses_five)
         record = None
         for event in events:
             record = scheduler.handle(event) or record
