@@ -29,7 +29,13 @@ from dualbudget.reference.deployments import deployments_markdown
 from dualbudget.reference.scenario import scenario_markdown
 from dualbudget.reference.settings import settings_markdown
 from dualbudget.reference.trace_schema import step_record_markdown, trace_markdown
-from dualbudget.spec.contract import CONTRACT, ContractItem, books_markdown, contract_markdown
+from dualbudget.spec.contract import (
+    BOOKS,
+    CONTRACT,
+    ContractItem,
+    books_markdown,
+    contract_markdown,
+)
 from dualbudget.spec.methods import LAYOUTS, MethodLayout, PerK
 from dualbudget.spec.profiles import PROFILE_NAMES, PROFILES
 from dualbudget.spec.releases import RELEASES
@@ -264,6 +270,24 @@ def findings_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def books_proofs_table() -> str:
+    """Each book item with what a budget policy decides of it, the checks that prove that
+    part for every profile and layout (``ContractItem.proven_by``), and where the manifest
+    expects one of them to fail: a profile that breaks the item's policy part."""
+    manifest = load_manifest()
+    header = ["item", "what a budget policy decides of it", "proven by", "broken by"]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for item in BOOKS:
+        broken: dict[str, list[str]] = {}
+        for ob in catalog():
+            if ob.check in item.proven_by and manifest.expected(ob.name) == "fails":
+                broken.setdefault(f"{ob.profile} ({ob.check})", []).append(ob.layout)
+        where = "; ".join(f"{key}: {', '.join(layouts)}" for key, layouts in broken.items())
+        checks = ", ".join(f"`{check}`" for check in item.proven_by) or "nothing to prove"
+        lines.append(_row([f"{item.id} {item.name}", item.policy, checks, where or "no profile"]))
+    return "\n".join(lines) + "\n"
+
+
 def module_summary(path: Path) -> str:
     """The first paragraph of a module's docstring, on one line, RST literals as Markdown."""
     docstring = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
@@ -295,6 +319,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "contract": contract_markdown,
     "contract-map": contract_map,
     "books": books_markdown,
+    "books-proofs": books_proofs_table,
     "dominance-chain": dominance_chain,
     "strengthenings": strengthening_table,
     "findings": findings_table,
@@ -316,6 +341,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         "contract",
         "contract-map",
         "books",
+        "books-proofs",
         "methods",
         "profiles",
         "modules",

@@ -30,6 +30,13 @@ class ContractItem:
     source: str = ""
     """Where in vLLM the item comes from (its assertion, comment or code path), for the
     items about the scheduler's books; the budget items come from the buffer model."""
+    policy: str = ""
+    """For an item about the scheduler's books: what of it a budget policy decides (the
+    policy decides only how many tokens each request gets and what that costs), or why
+    nothing."""
+    proven_by: tuple[str, ...] = ()
+    """The checks of the proofs (C1-C6's, for every profile and layout) that prove the
+    policy's part of a book item; empty where the policy decides none of it."""
 
 
 CONTRACT: tuple[ContractItem, ...] = (
@@ -89,6 +96,7 @@ BOOKS: tuple[ContractItem, ...] = (
         "safety",
         "vLLM's AsyncScheduler._update_after_schedule (the placeholders it adds), the"
         " assertion num_stale_output_tokens >= 0 in update_from_output (0.34).",
+        "none: the placeholders count the tokens scheduled, whatever number the policy grants.",
     ),
     ContractItem(
         "C8",
@@ -99,6 +107,10 @@ BOOKS: tuple[ContractItem, ...] = (
         "safety",
         "vLLM's schedule(), which trims spec_token_ids to the scheduled tokens; the model"
         " runner reads the drafts as the last rows of the request's scheduled tokens.",
+        "the grant: the drafts are trimmed to the tokens granted less one, so a grant of at"
+        " least 1 and at most the need keeps the item; and the drafter's rows for what was"
+        " granted, C(q), are the rows C3 bounds.",
+        ("C3", "C4-no-stall"),
     ),
     ContractItem(
         "C9",
@@ -111,6 +123,8 @@ BOOKS: tuple[ContractItem, ...] = (
         "vLLM's KVCacheManager.allocate_slots (num_lookahead_tokens, the max_model_len cap)"
         " and the scheduler's comment that the drafter writes those slots; releases up to"
         " 0.22 reserve none for a request's first prefill chunk, which drafts nothing.",
+        "none: the KV manager reserves the slots after the grant, for whatever was granted;"
+        " num_lookahead_tokens is the release's column, not the policy's.",
     ),
     ContractItem(
         "C10",
@@ -121,6 +135,9 @@ BOOKS: tuple[ContractItem, ...] = (
         "safety",
         "vLLM's schedule(), which caps num_new_tokens at max_model_len less the computed"
         " tokens and the sampled token, 'necessary when using spec decoding'.",
+        "the grant: the cap is applied to the need before the policy is asked, so a grant"
+        " of at most the need keeps it.",
+        ("C4-no-stall",),
     ),
     ContractItem(
         "C11",
@@ -131,6 +148,9 @@ BOOKS: tuple[ContractItem, ...] = (
         "safety",
         "vLLM's Scheduler._preempt_request (blocks freed, num_computed_tokens = 0,"
         " spec_token_ids and placeholders cleared, the request prepended to waiting).",
+        "the refund: a victim scheduled earlier in the step gives back exactly its charge,"
+        " once, and a refund can happen.",
+        ("C2", "C2-reach-refund"),
     ),
     ContractItem(
         "C12",
@@ -145,6 +165,7 @@ BOOKS: tuple[ContractItem, ...] = (
         " drop_stale_output, the comment that a same-step resume would otherwise deliver"
         " tokens out of order) and set_pause_state, which only sets the state the next"
         " schedule() reads.",
+        "none: the calls come between steps, when no step's budget is open.",
     ),
 )
 """The contract's second family: the scheduler's books beside the budgets, judged by the

@@ -20,7 +20,7 @@ from dualbudget.proofs.runner import Outcome, run
 from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.scenario import ScenarioError, parse_scenario
 from dualbudget.spec.config import SpeculativeConfig
-from dualbudget.spec.contract import CONTRACT_IDS
+from dualbudget.spec.contract import BOOKS, CONTRACT_IDS
 from dualbudget.spec.invariants import one_more_token_fits
 from dualbudget.spec.methods import LAYOUT_NAMES, layout_named
 from dualbudget.spec.policies import StepParams
@@ -167,3 +167,19 @@ def test_every_check_names_its_contract_item() -> None:
     for ob in OBLIGATIONS:
         assert ob.contract in CONTRACT_IDS, ob.name
         assert ob.check == ob.contract or ob.check.startswith(f"{ob.contract}-"), ob.name
+
+
+def test_the_policy_part_of_each_book_item_is_proven_for_every_profile_and_layout() -> None:
+    """A book item's ``proven_by`` names checks of the catalog, each an obligation of
+    every profile on every layout its release builds, so the part of the item a budget
+    policy decides is proven wherever the contract C1-C6 is; an item whose policy part
+    is empty says why."""
+    checks = {(ob.profile, ob.layout, ob.check) for ob in OBLIGATIONS}
+    pairs = {(ob.profile, ob.layout) for ob in OBLIGATIONS}
+    assert {item.id for item in BOOKS if item.proven_by} == {"C8", "C10", "C11"}
+    for item in BOOKS:
+        assert item.policy, item.id
+        assert item.policy.startswith("none: ") == (not item.proven_by), item.id
+        for check in item.proven_by:
+            missing = {pair for pair in pairs if (*pair, check) not in checks}
+            assert not missing, (item.id, check, sorted(missing)[:3])
