@@ -18,7 +18,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 from dualbudget.campaign.budget import parse_duration
 from dualbudget.campaign.executor import EXECUTORS
@@ -283,41 +283,28 @@ def _diff_flags(command: _Command) -> None:
     )  # fmt: skip
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dualbudget", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    schedule = _Command(
-        sub, "schedule", ScheduleOptions, "dualbudget.reference.commands:schedule",
-        "run the reference scheduler on a scenario",
-    )  # fmt: skip
+def _schedule_flags(schedule: _Command) -> None:
     schedule.flag("scenario", help="scenario JSON file")
     schedule.flag("--profile", choices=PROFILE_NAMES, help="override the scenario's")
     schedule.flag("--max-steps", type=_positive_int, help="stop after N steps")
 
-    replay = _Command(
-        sub, "replay", ReplayOptions, "dualbudget.reference.replay:replay",
-        "check recorded vLLM traces against the reference",
-    )  # fmt: skip
+
+def _replay_flags(replay: _Command) -> None:
     replay.flag("traces", nargs="+", metavar="TRACE", help="dualbudget-trace NDJSON")
     replay.flag("--profile", choices=PROFILE_NAMES, help="default: from vllm_version")
     replay.flag(
         "--json", dest="json_path", metavar="FILE", help="one summary per trace (docs/traces.md)"
     )
 
-    workload = _Command(
-        sub, "workload", WorkloadOptions, "dualbudget.reference.workload:write_workload",
-        "write a seeded synthetic workload scenario",
-    )  # fmt: skip
+
+def _workload_flags(workload: _Command) -> None:
     workload.flag("name", help=f"a preset: {', '.join(PRESETS)}")
     workload.flag("--seed", type=int)
     workload.flag("--profile", choices=PROFILE_NAMES, help="override the preset's")
     workload.flag("--out", metavar="FILE", help="default: standard output")
 
-    prove = _Command(
-        sub, "prove", ProveOptions, "dualbudget.prove_cli:prove",
-        "prove every policy against the contract with z3",
-    )  # fmt: skip
+
+def _prove_flags(prove: _Command) -> None:
     prove.flag("--profile", dest="profiles", action=_Choose, choices=PROFILE_NAMES)
     prove.flag("--layout", dest="layouts", action=_Choose, choices=LAYOUT_NAMES)
     prove.flag("--only", dest="contracts", action=_Choose, choices=CONTRACT_IDS, metavar="CONTRACT")
@@ -330,10 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     prove.flag("--witness-dir", type=Path, metavar="DIR", help="where witness scenarios go")
     _executor_flags(prove, "--reach's width (default: the proofs' pool's)", _nonnegative_int)
 
-    fuzz = _Command(
-        sub, "fuzz", FuzzOptions, "dualbudget.fuzz_cli:fuzz",
-        "lockstep-fuzz the installed vLLM against the reference",
-    )  # fmt: skip
+
+def _fuzz_flags(fuzz: _Command) -> None:
     fuzz.flag("--examples", type=_positive_int, help="default %(default)s")
     fuzz.flag("--seed", type=int)
     fuzz.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
@@ -363,10 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         " aims) until DURATION (8h, 90m, 30s) is spent, then merge everything in DIR",
     )  # fmt: skip
 
-    bench = _Command(
-        sub, "bench", BenchOptions, "dualbudget.integration.commands:bench",
-        "steps/s of the reference, the live vLLM, lockstep",
-    )  # fmt: skip
+
+def _bench_flags(bench: _Command) -> None:
     bench.flag("--json", dest="json_path", metavar="FILE")
     bench.flag(
         "--repeat", type=_positive_int, metavar="N",
@@ -375,10 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.flag("--profile", choices=PROFILE_NAMES, help="default: detected")
     _vllm_src_flag(bench)
 
-    check = _Command(
-        sub, "check", CheckOptions, "dualbudget.check:check",
-        "the main job: proofs, a short fuzz, one verdict",
-    )  # fmt: skip
+
+def _check_flags(check: _Command) -> None:
     check.flag("--fuzz-examples", type=_positive_int, help="examples of the fuzz")
     check.flag("--fuzz-seconds", type=_nonnegative_float, help="time cap of the fuzz")
     check.flag("--seed", type=int)
@@ -388,10 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     _live_flags(check)
     _jobs_flag(check, "worker processes of the fuzz (default: one per core)")
 
-    mutate = _Command(
-        sub, "mutate", MutateOptions, "dualbudget.integration.mutate:run_mutate_stage",
-        "plant budget bugs in the installed vLLM, fuzz each",
-    )  # fmt: skip
+
+def _mutate_flags(mutate: _Command) -> None:
     mutate.flag("--json", dest="json_path", metavar="FILE")
     mutate.flag("--operators", nargs="+", metavar="OP", help="default: all")
     mutate.flag("--examples", type=_positive_int, help="fuzz examples per mutant")
@@ -402,22 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.flag("--out-dir", metavar="DIR", help="where the killers' scenarios go")
     _vllm_src_flag(mutate)
 
-    simulate = _Command(
-        sub, "simulate", SimulateOptions, "dualbudget.simulate_cli:simulate_command",
-        "what a budget policy costs on a workload",
-    )  # fmt: skip
-    _simulate_flags(simulate)
 
-    diff = _Command(
-        sub, "diff", DiffOptions, "dualbudget.diff_cli:diff_command",
-        "where two profiles decide differently",
-    )  # fmt: skip
-    _diff_flags(diff)
-
-    report = _Command(
-        sub, "report", ReportOptions, "dualbudget.report:report",
-        "write the design-review document",
-    )  # fmt: skip
+def _report_flags(report: _Command) -> None:
     report.flag("--out", metavar="DIR", help="the document's folder (required unless --upstream)")
     report.flag("--seed", type=int, help="seed of the standard workloads")
     report.flag("--quick", action="store_true", help="smaller workloads, no proofs")
@@ -436,16 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _vllm_src_flag(report)
 
-    settings = _Command(
-        sub, "settings", SettingsOptions, "dualbudget.settings_cli:settings_command",
-        "the vLLM settings that change decisions: defaults, modelled or refused",
-    )  # fmt: skip
+
+def _settings_flags(settings: _Command) -> None:
     settings.flag("--json", action="store_true", help="the table as JSON")
 
-    matrix = _Command(
-        sub, "matrix", MatrixOptions, "dualbudget.matrix_cli:matrix_command",
-        "every vLLM release in its own environment: detected, fuzzed, one table",
-    )  # fmt: skip
+
+def _matrix_flags(matrix: _Command) -> None:
     matrix.flag("--releases", metavar="V1,V2", help="default: requirements/matrix.txt")
     matrix.flag("--examples", type=_positive_int, help="fuzz examples (default %(default)s)")
     matrix.flag("--seed", type=int)
@@ -456,6 +417,122 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.flag("--json-dir", metavar="DIR", help="one JSON per release (default %(default)s)")
     matrix.flag("--doc", metavar="FILE", help="the table's document (default %(default)s)")
     matrix.flag("--render", metavar="DIR", help="only re-render --doc from the JSONs of DIR")
+
+
+class Subcommand(NamedTuple):
+    """One subcommand: the options record it fills, the function that runs it (by path,
+    imported only when chosen), its one-line help and the function that adds its flags."""
+
+    name: str
+    options: type[Any]
+    run: str
+    description: str
+    add_flags: Callable[[_Command], None]
+
+
+SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        "schedule",
+        ScheduleOptions,
+        "dualbudget.reference.commands:schedule",
+        "run the reference scheduler on a scenario",
+        _schedule_flags,
+    ),
+    Subcommand(
+        "replay",
+        ReplayOptions,
+        "dualbudget.reference.replay:replay",
+        "check recorded vLLM traces against the reference",
+        _replay_flags,
+    ),
+    Subcommand(
+        "workload",
+        WorkloadOptions,
+        "dualbudget.reference.workload:write_workload",
+        "write a seeded synthetic workload scenario",
+        _workload_flags,
+    ),
+    Subcommand(
+        "prove",
+        ProveOptions,
+        "dualbudget.prove_cli:prove",
+        "prove every policy against the contract with z3",
+        _prove_flags,
+    ),
+    Subcommand(
+        "fuzz",
+        FuzzOptions,
+        "dualbudget.fuzz_cli:fuzz",
+        "lockstep-fuzz the installed vLLM against the reference",
+        _fuzz_flags,
+    ),
+    Subcommand(
+        "bench",
+        BenchOptions,
+        "dualbudget.integration.commands:bench",
+        "steps/s of the reference, the live vLLM, lockstep",
+        _bench_flags,
+    ),
+    Subcommand(
+        "check",
+        CheckOptions,
+        "dualbudget.check:check",
+        "the main job: proofs, a short fuzz, one verdict",
+        _check_flags,
+    ),
+    Subcommand(
+        "mutate",
+        MutateOptions,
+        "dualbudget.integration.mutate:run_mutate_stage",
+        "plant budget bugs in the installed vLLM, fuzz each",
+        _mutate_flags,
+    ),
+    Subcommand(
+        "simulate",
+        SimulateOptions,
+        "dualbudget.simulate_cli:simulate_command",
+        "what a budget policy costs on a workload",
+        _simulate_flags,
+    ),
+    Subcommand(
+        "diff",
+        DiffOptions,
+        "dualbudget.diff_cli:diff_command",
+        "where two profiles decide differently",
+        _diff_flags,
+    ),
+    Subcommand(
+        "report",
+        ReportOptions,
+        "dualbudget.report:report",
+        "write the design-review document",
+        _report_flags,
+    ),
+    Subcommand(
+        "settings",
+        SettingsOptions,
+        "dualbudget.settings_cli:settings_command",
+        "the vLLM settings that change decisions: defaults, modelled or refused",
+        _settings_flags,
+    ),
+    Subcommand(
+        "matrix",
+        MatrixOptions,
+        "dualbudget.matrix_cli:matrix_command",
+        "every vLLM release in its own environment: detected, fuzzed, one table",
+        _matrix_flags,
+    ),
+)
+"""In the order ``dualbudget --help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dualbudget", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for command in SUBCOMMANDS:
+        command.add_flags(
+            _Command(sub, command.name, command.options, command.run, command.description)
+        )
     return parser
 
 
