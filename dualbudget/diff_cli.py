@@ -225,12 +225,36 @@ def search_unit(unit: SearchUnit) -> Found:
 
 
 def _search_command(options: DiffOptions, a: str, b: str) -> int:
-    from dualbudget.campaign.executor import (
-        EXECUTORS,
-        ExecutorUnavailable,
-        UnitFailed,
-        executor_for,
-    )
+    layouts = _search_layouts(options)
+    proofs, units, answers, wall = _run_search(options, a, b, layouts)
+    print(f"bounds: {SEARCH_BOUNDS.text()}; layout {', '.join(layouts)}")
+    for layout, proof in proofs.items():
+        print(f"z3 ({layout}): {proof.reason}")
+    data: dict[str, Any] = {
+        "profiles": [a, b],
+        "layout": layouts[0],
+        "layouts": {
+            layout: {
+                "proved_equal": proof.equal,
+                "reason": proof.reason,
+                "separated_at": [asdict(at) for at in proof.separations],
+            }
+            for layout, proof in proofs.items()
+        },
+        "bounds": SEARCH_BOUNDS.text(),
+    }
+    if not units:
+        data.update({"differs": False, "proved_equal": True, "reason": proofs[layouts[0]].reason})
+    else:
+        data.update(_searched(options, a, b, proofs, units, answers, wall))
+    if options.json_path:
+        Path(options.json_path).write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+def _search_layouts(options: DiffOptions) -> list[str]:
+    """The layouts ``--search`` runs, once its options are known to be sound."""
+    from dualbudget.campaign.executor import EXECUTORS
 
     if options.seeds < 1:
         raise BadInput("--seeds: must be >= 1")
@@ -238,8 +262,16 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
         raise BadInput(f"--executor: unknown {options.executor!r} (known: {', '.join(EXECUTORS)})")
     if options.jobs < 0 or (options.jobs == 0 and options.executor == "local"):
         raise BadInput("--jobs: must be >= 1 (0: every CPU of a Ray cluster)")
-    layouts = list(dict.fromkeys(options.layout or (DEFAULT_SEARCH_LAYOUT,)))
-    bounds = SEARCH_BOUNDS
+    return list(dict.fromkeys(options.layout or (DEFAULT_SEARCH_LAYOUT,)))
+
+
+def _run_search(
+    options: DiffOptions, a: str, b: str, layouts: list[str]
+) -> tuple[dict[str, SameDecisions], list[SearchUnit], list[Found], float]:
+    """z3's answer per layout, then a search unit per seed of every layout z3 does not
+    prove equal, on the chosen executor; the units, their answers and the wall time."""
+    from dualbudget.campaign.executor import ExecutorUnavailable, UnitFailed, executor_for
+
     started = time.perf_counter()
     try:
         with executor_for(options.executor, options.jobs, options.ray_address) as executor:
@@ -270,79 +302,67 @@ def _search_command(options: DiffOptions, a: str, b: str) -> int:
         raise BadInput(f"--search: {err}") from None
     except ExecutorUnavailable as err:
         raise BadInput(f"--executor {options.executor}: {err}") from None
-    wall = time.perf_counter() - started
-    print(f"bounds: {bounds.text()}; layout {', '.join(layouts)}")
-    for layout, proof in proofs.items():
-        print(f"z3 ({layout}): {proof.reason}")
+    return proofs, units, answers, time.perf_counter() - started
+
+
+def _searched(
+    options: DiffOptions,
+    a: str,
+    b: str,
+    proofs: dict[str, SameDecisions],
+    units: list[SearchUnit],
+    answers: list[Found],
+    wall: float,
+) -> dict[str, Any]:
+    """What a search that ran found, printed, its scenario written: the JSON's fields."""
+    best = _best(units, answers)
+    layout = units[best].layout if best is not None else units[0].layout
     data: dict[str, Any] = {
-        "profiles": [a, b],
-        "layout": layouts[0],
-        "layouts": {
-            layout: {
-                "proved_equal": proof.equal,
-                "reason": proof.reason,
-                "separated_at": [asdict(at) for at in proof.separations],
-            }
-            for layout, proof in proofs.items()
-        },
-        "bounds": bounds.text(),
-    }
-    if not units:
-        data.update({"differs": False, "proved_equal": True, "reason": proofs[layouts[0]].reason})
-    else:
-        best = _best(units, answers)
-        layout = units[best].layout if best is not None else units[0].layout
-        data.update(
+        "layout": layout,
+        "proved_equal": False,
+        "separated_by": proofs[layout].reason,
+        "examples": sum(found.examples for found in answers),
+        "seconds": round(wall, 1),
+        "time_capped": any(found.time_capped for found in answers),
+        "units": [
             {
-                "layout": layout,
-                "proved_equal": False,
-                "separated_by": proofs[layout].reason,
-                "examples": sum(found.examples for found in answers),
-                "seconds": round(wall, 1),
-                "time_capped": any(found.time_capped for found in answers),
-                "units": [
-                    {
-                        "layout": unit.layout,
-                        "seed": unit.seed,
-                        "examples": found.examples,
-                        "at_separation": found.at_separation,
-                        "differs": found.best is not None,
-                        "score": list(_score(found.best[1])) if found.best else None,
-                    }
-                    for unit, found in zip(units, answers, strict=True)
-                ],
+                "layout": unit.layout,
+                "seed": unit.seed,
+                "examples": found.examples,
+                "at_separation": found.at_separation,
+                "differs": found.best is not None,
+                "score": list(_score(found.best[1])) if found.best else None,
             }
+            for unit, found in zip(units, answers, strict=True)
+        ],
+    }
+    if best is None:
+        tried = sum(found.at_separation for found in answers)
+        print(
+            f"no difference found in {data['examples']} examples ({wall:.0f} s), {tried} of"
+            " them built where z3 separates the profiles: there the separation never reaches"
+            " a decision within the bounds (a request count, a length, an arrival or the KV"
+            " pool keeps the separating item from binding)"
         )
-        if best is None:
-            examples = data["examples"]
-            tried = sum(found.at_separation for found in answers)
-            print(
-                f"no difference found in {examples} examples ({wall:.0f} s), {tried} of them"
-                " built where z3 separates the profiles: there the separation never reaches a"
-                " decision within the bounds (a request count, a length, an arrival or the KV"
-                " pool keeps the separating item from binding)"
-            )
-            data.update({"differs": False, "first_step": None, "totals": None, "scenario": None})
-        else:
-            found = answers[best]
-            assert found.best is not None
-            scenario, result = found.best
-            seed = units[best].seed
-            out = Path(options.out) if options.out else DEFAULT_OUT / f"{a}-vs-{b}-{layout}.json"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            dump_scenario(scenario, out)
-            print(
-                f"widest difference in {data['examples']} examples ({wall:.0f} s), layout"
-                f" {layout} seed {seed}: {len(scenario.requests)} requests,"
-                f" B={scenario.config.max_num_batched_tokens},"
-                f" max_num_seqs={scenario.config.max_num_seqs},"
-                f" K={scenario.config.num_speculative_tokens}; scenario {out}"
-            )
-            print_comparison(result, sys.stdout)
-            data.update({**result.to_json(), "scenario": str(out)})
-    if options.json_path:
-        Path(options.json_path).write_text(json.dumps(data, indent=1) + "\n")
-    return 0
+        data.update({"differs": False, "first_step": None, "totals": None, "scenario": None})
+        return data
+    found = answers[best]
+    assert found.best is not None
+    scenario, result = found.best
+    seed = units[best].seed
+    out = Path(options.out) if options.out else DEFAULT_OUT / f"{a}-vs-{b}-{layout}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    dump_scenario(scenario, out)
+    print(
+        f"widest difference in {data['examples']} examples ({wall:.0f} s), layout"
+        f" {layout} seed {seed}: {len(scenario.requests)} requests,"
+        f" B={scenario.config.max_num_batched_tokens},"
+        f" max_num_seqs={scenario.config.max_num_seqs},"
+        f" K={scenario.config.num_speculative_tokens}; scenario {out}"
+    )
+    print_comparison(result, sys.stdout)
+    data.update({**result.to_json(), "scenario": str(out)})
+    return data
 
 
 def _best(units: Sequence[SearchUnit], answers: Sequence[Found]) -> int | None:
