@@ -454,9 +454,6 @@ def search(
 
     from dualbudget.integration.seeded import without_source_constants
 
-    bounds = SEARCH_BOUNDS
-    row = layout_named(layout)
-    release_a = profile_named(a).release
     started = time.perf_counter()
     state: dict[str, Any] = {"best": None, "score": (-1, -1.0, -1), "examples": 0, "capped": False}
 
@@ -482,55 +479,7 @@ def search(
 
     @st.composite
     def scenarios(draw: Any) -> Scenario:
-        k = draw(st.integers(*bounds.k))
-        b_ = draw(st.integers(*bounds.b))
-        seqs = range(bounds.m[0], min(bounds.m[1], b_) + 1)
-        # Half the draws where the two caps on running requests differ (when they can):
-        # the item z3 names when it separates vllm-0.33 from dual.
-        apart = [x for x in seqs if _caps(a, row, b_, x, k) != _caps(b, row, b_, x, k)]
-        pool = apart if apart and draw(st.booleans()) else list(seqs)
-        m = draw(st.sampled_from(pool))
-        cap = min(_caps(a, row, b_, m, k), _caps(b, row, b_, m, k))
-        busy = st.integers(min(cap + 1, bounds.requests[1]), bounds.requests[1])
-        n = draw(st.one_of(st.integers(*bounds.requests), busy))
-        # A scale per scenario for the lengths and the arrivals, so that short requests
-        # arriving together come up as often as the full ranges: a queue longer than a cap
-        # on running requests only forms from short requests.
-        longest_prompt = draw(st.sampled_from((4, 16, 64, bounds.prompt[1])))
-        longest_output = draw(st.sampled_from((4, 16, bounds.output[1])))
-        latest = draw(st.sampled_from((bounds.arrival[0], bounds.arrival[1])))
-        prompt = st.integers(bounds.prompt[0], longest_prompt)
-        output = st.integers(bounds.output[0], longest_output)
-        arrival = st.integers(bounds.arrival[0], latest)
-        sizes = draw(st.lists(st.tuples(prompt, output, arrival), min_size=n, max_size=n))
-        longest = max(p + o for p, o, _ in sizes)
-        max_model_len = longest + draw(st.integers(*bounds.headroom))
-        block = 16
-        per_request = -(-(max_model_len + k + 1) // block)
-        ample = (n + 1) * per_request + 1
-        blocks = draw(st.one_of(st.just(ample), st.integers(per_request + 1, ample)))
-        config = EngineConfig(
-            max_num_batched_tokens=b_,
-            max_num_seqs=m,
-            max_model_len=max_model_len,
-            block_size=block,
-            num_gpu_blocks=blocks,
-            speculative_config=SpeculativeConfig.for_layout(row, k),
-        )
-        # Async only where the scenario's release runs this drafter async (the check of
-        # profile B's release follows, in validation).
-        spec = config.speculative_config
-        assert spec is not None
-        asynchronous = runs_async(spec, release_a) and draw(st.booleans())
-        policy = draw(st.sampled_from(("fcfs", "priority")))
-        priority = st.integers(0, 2) if policy == "priority" else st.just(0)
-        config = replace(config, async_scheduling=asynchronous, scheduling_policy=policy)
-        requests = tuple(
-            RequestSpec(str(i), p, o, s, draw(priority))
-            for i, (p, o, s) in enumerate(sorted(sizes, key=_arr))
-        )
-        accepted = draw(st.integers(0, k))
-        return Scenario(a, config, requests, Acceptance(fixed=accepted))
+        return _drawn_scenario(draw, a, b, layout)
 
     @hypothesis_seed(seed)
     @settings(
@@ -554,6 +503,64 @@ def search(
         probe()
     seconds = time.perf_counter() - started
     return Found(state["best"], state["examples"], seconds, state["capped"], at_separation)
+
+
+def _drawn_scenario(draw: Any, a: str, b: str, layout: str) -> Scenario:
+    """One scenario of ``search``'s Hypothesis search, drawn within ``SEARCH_BOUNDS``."""
+    import hypothesis.strategies as st
+
+    bounds = SEARCH_BOUNDS
+    row = layout_named(layout)
+    release_a = profile_named(a).release
+    k = draw(st.integers(*bounds.k))
+    b_ = draw(st.integers(*bounds.b))
+    seqs = range(bounds.m[0], min(bounds.m[1], b_) + 1)
+    # Half the draws where the two caps on running requests differ (when they can):
+    # the item z3 names when it separates vllm-0.33 from dual.
+    apart = [x for x in seqs if _caps(a, row, b_, x, k) != _caps(b, row, b_, x, k)]
+    pool = apart if apart and draw(st.booleans()) else list(seqs)
+    m = draw(st.sampled_from(pool))
+    cap = min(_caps(a, row, b_, m, k), _caps(b, row, b_, m, k))
+    busy = st.integers(min(cap + 1, bounds.requests[1]), bounds.requests[1])
+    n = draw(st.one_of(st.integers(*bounds.requests), busy))
+    # A scale per scenario for the lengths and the arrivals, so that short requests
+    # arriving together come up as often as the full ranges: a queue longer than a cap
+    # on running requests only forms from short requests.
+    longest_prompt = draw(st.sampled_from((4, 16, 64, bounds.prompt[1])))
+    longest_output = draw(st.sampled_from((4, 16, bounds.output[1])))
+    latest = draw(st.sampled_from((bounds.arrival[0], bounds.arrival[1])))
+    prompt = st.integers(bounds.prompt[0], longest_prompt)
+    output = st.integers(bounds.output[0], longest_output)
+    arrival = st.integers(bounds.arrival[0], latest)
+    sizes = draw(st.lists(st.tuples(prompt, output, arrival), min_size=n, max_size=n))
+    longest = max(p + o for p, o, _ in sizes)
+    max_model_len = longest + draw(st.integers(*bounds.headroom))
+    block = 16
+    per_request = -(-(max_model_len + k + 1) // block)
+    ample = (n + 1) * per_request + 1
+    blocks = draw(st.one_of(st.just(ample), st.integers(per_request + 1, ample)))
+    config = EngineConfig(
+        max_num_batched_tokens=b_,
+        max_num_seqs=m,
+        max_model_len=max_model_len,
+        block_size=block,
+        num_gpu_blocks=blocks,
+        speculative_config=SpeculativeConfig.for_layout(row, k),
+    )
+    # Async only where the scenario's release runs this drafter async (the check of
+    # profile B's release follows, in validation).
+    spec = config.speculative_config
+    assert spec is not None
+    asynchronous = runs_async(spec, release_a) and draw(st.booleans())
+    policy = draw(st.sampled_from(("fcfs", "priority")))
+    priority = st.integers(0, 2) if policy == "priority" else st.just(0)
+    config = replace(config, async_scheduling=asynchronous, scheduling_policy=policy)
+    requests = tuple(
+        RequestSpec(str(i), p, o, s, draw(priority))
+        for i, (p, o, s) in enumerate(sorted(sizes, key=_arr))
+    )
+    accepted = draw(st.integers(0, k))
+    return Scenario(a, config, requests, Acceptance(fixed=accepted))
 
 
 def _caps(profile: str, row: Any, b: int, m: int, k: int) -> int:
