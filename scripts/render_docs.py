@@ -18,9 +18,10 @@ import argparse
 import ast
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dualbudget.proofs.manifest import load_manifest
 from dualbudget.proofs.obligations import BRANCHES, CHAIN, catalog, lower_of
@@ -50,7 +51,27 @@ BLOCK = re.compile(
 )
 """A generated block; its body is everything between the two marker lines."""
 
-MODULE_FOLDERS = ("spec", "reference", "proofs", "integration", "dualbudget")
+CONTRACTS: list[dict[str, Any]] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"][
+    "importlinter"
+]["contracts"]
+"""The import-linter contracts of pyproject.toml, which ``lint-imports`` enforces."""
+
+
+def layers() -> list[list[str]]:
+    """The layers contract's layers, top first, each the folders of its packages: the top
+    layer is the modules of ``dualbudget/`` itself (the contract names them one by one
+    and is exhaustive, so a package no layer names fails ``lint-imports``)."""
+    (contract,) = [c for c in CONTRACTS if c["type"] == "layers"]
+    # ``a : b`` names modules of one layer that may import each other (the command
+    # line's), ``a | b`` independent packages.
+    return [
+        ["dualbudget"] if ":" in layer else [name.strip() for name in layer.split("|")]
+        for layer in contract["layers"]
+    ]
+
+
+MODULE_FOLDERS = tuple(folder for layer in reversed(layers()) for folder in layer)
+"""Every package of the distribution, bottom layer first."""
 
 
 # -- the renderings ----------------------------------------------------------------------
@@ -288,6 +309,20 @@ def books_proofs_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def layers_markdown() -> str:
+    """The layers, top first, and every import contract, as ``lint-imports`` checks them."""
+    lines = [_row(["layer", "packages", "may import"]), _row(["---", "---", "---"])]
+    stack = layers()
+    for index, layer in enumerate(stack):
+        below = [f"`{folder}/`" for lower in stack[index + 1 :] for folder in lower]
+        packages = ", ".join(f"`{folder}/`" for folder in layer)
+        if len(layer) > 1:
+            packages += " (independent: none imports another)"
+        lines.append(_row([str(index + 1), packages, ", ".join(below) or "nothing of dualbudget"]))
+    contracts = "".join(f"- {contract['name']}\n" for contract in CONTRACTS)
+    return "\n".join(lines) + "\n\nThe contracts, each as its `name` states it:\n\n" + contracts
+
+
 def module_summary(path: Path) -> str:
     """The first paragraph of a module's docstring, on one line, RST literals as Markdown."""
     docstring = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
@@ -326,6 +361,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "methods": method_table,
     "profiles": profile_table,
     "modules": module_table,
+    "layers": layers_markdown,
     "settings": settings_markdown,
     "deployments": deployments_markdown,
     "scenario-format": scenario_markdown,
@@ -342,6 +378,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         "contract-map",
         "books",
         "books-proofs",
+        "layers",
         "methods",
         "profiles",
         "modules",
