@@ -1,6 +1,7 @@
 """Reading vLLM's books around one ``schedule()`` into ``spec.books.RequestBooks``, for the
-monitor's items C7-C11 (``spec.contract.BOOKS``), and around one engine call between steps
-into ``spec.books.CallBooks``, for C12.
+monitor's items C7-C11 (``spec.contract.BOOKS``), around one engine call between steps
+into ``spec.books.CallBooks``, for C12, and its block pool after one ``schedule()`` into
+``spec.books.PoolBooks``, for C13.
 
 Everything is read from the scheduler object vLLM built, through attributes every release
 from 0.32 on has (``num_output_placeholders``, ``num_computed_tokens``, ``spec_token_ids``,
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dualbudget.spec.books import CallBooks, RequestBooks
+from dualbudget.spec.books import CallBooks, PoolBooks, RequestBooks
 
 
 def sampled_per_step(scheduler: Any) -> int:
@@ -27,6 +28,27 @@ def _tables(scheduler: Any, rid: str) -> list[int]:
     """The blocks in ``rid``'s table in each of vLLM's KV groups, in its order."""
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     return [len(manager.req_to_blocks.get(rid, ())) for manager in managers]
+
+
+def pool_books(scheduler: Any) -> PoolBooks:
+    """Every block the tables of vLLM's KV managers hold now (``req_to_blocks``, every
+    table, a finished request's too if one is left), with its ``ref_cnt`` and whether it
+    has a hash; the null block, which every group may hold and whose count vLLM does not
+    keep, aside."""
+    holders: dict[int, int] = {}
+    ref_counts: dict[int, int] = {}
+    hashed = set()
+    for manager in scheduler.kv_cache_manager.coordinator.single_type_managers:
+        for blocks in manager.req_to_blocks.values():
+            for block in blocks:
+                if block.is_null:
+                    continue
+                block_id = int(block.block_id)
+                holders[block_id] = holders.get(block_id, 0) + 1
+                ref_counts[block_id] = int(block.ref_cnt)
+                if block.block_hash is not None:
+                    hashed.add(block_id)
+    return PoolBooks(holders, ref_counts, frozenset(hashed))
 
 
 def books_after(

@@ -1,5 +1,5 @@
 """The contract as a runtime monitor: every live step of any vLLM scheduler checked for C3,
-C4, the decidable part of C5 and the scheduler's books C7-C12, from vLLM's own scheduler
+C4, the decidable part of C5 and the scheduler's books C7-C13, from vLLM's own scheduler
 output and state alone.
 
 The monitor is a second opinion beside the lockstep, independent of the reference: it
@@ -55,6 +55,12 @@ the layout's true draft rows ``C(q)`` (``spec.methods``), never on a policy's ch
   ``set_pause_state`` between steps): what the call left of each request's books, read
   just before and just after it (``judge_call``), counted in ``books_judged`` per
   request and call.
+- **C13, the blocks held** (every block a table of vLLM's KV managers holds after the
+  step): its reference count covers its holders, and a block two tables hold has a
+  hash (``integration.books.pool_books``), counted in ``books_judged`` per block and
+  step. A block freed while a step that reads it is in flight (async scheduling, a
+  preemption) is rewritten only by a later step, which runs after it; what is judged is
+  that no table holds a block the pool counts as free or hands to another table.
 
 Violations are collected, never raised: the lockstep's verdict is the reference's, the
 monitor's is reported beside it (``integration.outcome``).
@@ -68,7 +74,9 @@ from typing import Any
 
 from dualbudget.spec.books import (
     CallBooks,
+    PoolBooks,
     RequestBooks,
+    block_held,
     drafts_within_rows,
     engine_call_kept,
     placeholders_kept,
@@ -85,11 +93,11 @@ from dualbudget.spec.invariants import (
 )
 from dualbudget.spec.policies import StepParams
 
-from .books import books_after, sampled_per_step
+from .books import books_after, pool_books, sampled_per_step
 
-BOOKS_MONITORED = ("C7", "C8", "C9", "C10", "C11", "C12")
-"""The scheduler's books (``spec.contract.BOOKS``): C7-C11 checked on every live step,
-C12 on every engine call between steps."""
+BOOKS_MONITORED = ("C7", "C8", "C9", "C10", "C11", "C12", "C13")
+"""The scheduler's books (``spec.contract.BOOKS``): C7-C11 and C13 checked on every live
+step, C12 on every engine call between steps."""
 MONITORED = ("C3", "C4", "C5", *BOOKS_MONITORED)
 """The contract items the monitor checks on every live step."""
 
@@ -140,6 +148,8 @@ class StepSeen:
     books: Mapping[str, RequestBooks] | None = None
     """Every request's books around the step (C7-C11); None: not read (a stand-in
     scheduler), and the books are not judged."""
+    pool: PoolBooks | None = None
+    """The blocks the tables hold after the step (C13); None: not read, not judged."""
     sampled: int = 1
     """Tokens a decode step samples per request (vLLM's ``num_sampled_tokens_per_step``)."""
     pause_state: str = "unpaused"
@@ -182,6 +192,7 @@ class Monitor:
     def judge(self, seen: StepSeen) -> list[MonitorViolation]:
         """The violations of ``seen``; also kept in ``violations``."""
         found = self._c3(seen) + self._c4(seen) + self._c5(seen) + self._books(seen)
+        found += self._pool(seen)
         self.in_flight = self.config.async_scheduling and bool(seen.scheduled)
         self.steps += 1
         self.violations += found
@@ -350,6 +361,24 @@ class Monitor:
                     found.append(MonitorViolation(contract, seen.step, _books_line(rid, books)))
         return found
 
+    def _pool(self, seen: StepSeen) -> list[MonitorViolation]:
+        """C13 on every block a table holds, one violation per step naming the blocks."""
+        pool = seen.pool
+        if pool is None:
+            return []
+        self.books_judged["C13"] += len(pool.holders)
+        broken = [block for block in sorted(pool.holders) if not block_held(pool, block)]
+        if not broken:
+            return []
+        shown = ", ".join(
+            f"block {block} held by {pool.holders[block]} tables, ref_cnt"
+            f" {pool.ref_counts[block]}"
+            + (", no hash" if pool.holders[block] > 1 and block not in pool.hashed else "")
+            for block in broken[:4]
+        )
+        more = f" (and {len(broken) - 4} more)" if len(broken) > 4 else ""
+        return [MonitorViolation("C13", seen.step, shown + more)]
+
 
 def _books_line(rid: str, books: RequestBooks) -> str:
     """One request's books, as a violation's message names them."""
@@ -433,10 +462,11 @@ def step_seen(
     ``drafts`` (the step's scheduled draft tokens per request), the books are read too
     (``books.books_after``)."""
     sizes = block_sizes(scheduler)
-    books = None
+    books = pool = None
     if drafts is not None:
         placeholders = {rid: w.num_output_placeholders for rid, w in before.items()}
         books = books_after(scheduler, scheduled, drafts, preempted, placeholders, sizes)
+        pool = pool_books(scheduler)
     wanted = dict(before)
     for rid, q in scheduled.items():
         request = scheduler.requests.get(rid)
@@ -453,6 +483,7 @@ def step_seen(
         block_sizes=sizes,
         aligned_split=bool(getattr(scheduler, "need_mamba_block_aligned_split", False)),
         books=books,
+        pool=pool,
         sampled=sampled_per_step(scheduler),
         pause_state=pause_state_of(scheduler),
     )

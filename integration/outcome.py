@@ -145,7 +145,7 @@ class Outcome:
     monitor_counts: dict[str, int] = field(default_factory=dict)
     """Per contract item, every violation the monitor saw (known ones included)."""
     books_judged: dict[str, int] = field(default_factory=dict)
-    """Per book item (C7-C12), the request-steps the monitor judged it on."""
+    """Per book item (C7-C13), the request-steps (C13: block-steps) the monitor judged it on."""
     stopped_by_time: bool = False
     seconds: float = 0.0
     """Wall time: of a unit's Hypothesis run; of a whole fuzz, after its warm-up."""

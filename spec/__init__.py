@@ -13,9 +13,9 @@ Read in this order:
   executable form of the budget rule, run on z3 symbols by the proofs and on ints by the
   reference;
 - ``contract``   the contract as data: each item's id, name and statement (C1-C6 about
-  the budgets, C7-C12 about the scheduler's other books);
+  the budgets, C7-C13 about the scheduler's other books);
 - ``invariants`` the contract items C1-C6 as predicates over a step;
-- ``books``      the items C7-C12 as predicates over one request's books around a step;
+- ``books``      the items C7-C13 as predicates over a request's books or the block pool;
 - ``scenario_format`` the scenario JSON's writer (its keys are the reference's schema).
 
 This package imports nothing of dualbudget and nothing outside the standard library;

@@ -1,5 +1,6 @@
 """The predicates of the scheduler's books (``contract.BOOKS``), over one request's books
-around one step (C7-C11) or one engine call between steps (C12) as any vLLM keeps them.
+around one step (C7-C11), one engine call between steps (C12) or the block pool after one
+step (C13) as any vLLM keeps them.
 
 The budget items C1-C6 are stated over ``arith`` so that the proofs can run them on z3
 terms; these are about how an implementation keeps its books, not about a policy's
@@ -10,6 +11,7 @@ its item holds for the request; each docstring opens with its item's id.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -149,3 +151,25 @@ def engine_call_kept(books: CallBooks, *, resets_running: bool) -> bool:
         and books.stale_after == books.in_flight_before
         and (books.drops_stale_after or books.in_flight_before == 0)
     )
+
+
+@dataclass(frozen=True)
+class PoolBooks:
+    """The block pool's books just after one ``schedule()``: every block a table holds."""
+
+    holders: Mapping[int, int]
+    """Per block id some table holds (the null block aside), the tables that hold it, over
+    every request's table in every KV group."""
+    ref_counts: Mapping[int, int]
+    """Each held block's reference count (vLLM's ``ref_cnt``)."""
+    hashed: frozenset[int]
+    """The held blocks that have a hash: cached, so requests of one prefix may share them."""
+
+
+def block_held(pool: PoolBooks, block: int) -> bool:
+    """C13 blocks held: ``block``, which some table holds, counts every table holding it
+    in its reference count (a count of 0 is a free block, which the next allocation may
+    hand to another request), and is a cached block (it has a hash) where two tables
+    hold it."""
+    holders = pool.holders[block]
+    return pool.ref_counts[block] >= holders and (holders == 1 or block in pool.hashed)

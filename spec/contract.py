@@ -1,4 +1,4 @@
-"""The contract: C1-C6, what every budget policy must guarantee, every step, and C7-C12,
+"""The contract: C1-C6, what every budget policy must guarantee, every step, and C7-C13,
 the scheduler's books that any vLLM must keep beside its budgets.
 
 This module is the contract's one home. ``CONTRACT`` holds each item as data (its id, its
@@ -167,9 +167,24 @@ BOOKS: tuple[ContractItem, ...] = (
         " schedule() reads.",
         "none: the calls come between steps, when no step's budget is open.",
     ),
+    ContractItem(
+        "C13",
+        "blocks held",
+        "every KV block a request's table holds (in any KV group; the null block aside)"
+        " counts that table in its reference count, so it is neither free nor handed to"
+        " another request by an allocation, and a block two tables hold is a cached block"
+        " they share (it has a hash).",
+        "safety",
+        "vLLM's BlockPool: a reference count of 0 means the block is in the free queue"
+        " (touch), an allocation takes only such blocks and asserts it (get_new_blocks),"
+        " free_blocks returns a block to the queue when its count reaches 0; and the KV"
+        " managers' req_to_blocks, the tables.",
+        "none: the KV managers allocate, share and free blocks after the grant, whatever"
+        " was granted.",
+    ),
 )
 """The contract's second family: the scheduler's books beside the budgets, judged by the
-monitor on every live step (C7-C11) and every engine call between steps (C12) of any vLLM
+monitor on every live step (C7-C11, C13) and every engine call between steps (C12) of any vLLM
 (``integration.books``) from vLLM's own state, never by agreement with the reference.
 Their predicates are ``spec.books``."""
 BOOKS_IDS: tuple[str, ...] = tuple(item.id for item in BOOKS)

@@ -1,6 +1,6 @@
-"""The scheduler's books C7-C12 (``spec.books``), each on a hand-worked step (C12: engine
-call) that keeps it and one that breaks it, and the monitor naming the item it finds
-broken."""
+"""The scheduler's books C7-C13 (``spec.books``), each on a hand-worked step (C12: engine
+call; C13: the pool after a step) that keeps it and one that breaks it, and the monitor
+naming the item it finds broken."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from dualbudget.integration.monitor import BOOKS_MONITORED, Monitor, StepSeen
 from dualbudget.spec.books import (
     CallBooks,
+    PoolBooks,
     RequestBooks,
+    block_held,
     drafts_within_rows,
     engine_call_kept,
     placeholders_kept,
@@ -58,7 +60,7 @@ PREEMPTED = replace(
 
 
 def test_the_books_are_items_of_their_own_stated_once() -> None:
-    assert BOOKS_IDS == ("C7", "C8", "C9", "C10", "C11", "C12")
+    assert BOOKS_IDS == ("C7", "C8", "C9", "C10", "C11", "C12", "C13")
     assert not set(BOOKS_IDS) & set(CONTRACT_IDS)
     assert BOOKS_MONITORED == BOOKS_IDS
     for item in BOOKS_IDS:
@@ -219,10 +221,26 @@ def test_the_monitor_counts_the_request_steps_each_item_stands_on() -> None:
     )
     assert not monitor.judge(seen)
     # C9 is not judged where a group's slots are not bounded by its blocks.
-    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2, "C12": 0}
+    assert monitor.books_judged == {
+        "C7": 2,
+        "C8": 2,
+        "C9": 1,
+        "C10": 2,
+        "C11": 2,
+        "C12": 0,
+        "C13": 0,
+    }
     # A step whose books were not read (a stand-in scheduler) adds nothing.
     monitor.judge(replace(seen, books=None))
-    assert monitor.books_judged == {"C7": 2, "C8": 2, "C9": 1, "C10": 2, "C11": 2, "C12": 0}
+    assert monitor.books_judged == {
+        "C7": 2,
+        "C8": 2,
+        "C9": 1,
+        "C10": 2,
+        "C11": 2,
+        "C12": 0,
+        "C13": 0,
+    }
     assert set(monitor.books_judged) == set(BOOKS_MONITORED)
     # C12 counts each request an engine call leaves, whatever the call.
     monitor.judge_call(1, "pause", {"a": UNTOUCHED, "b": UNTOUCHED}, resets_running=False)
@@ -290,3 +308,51 @@ def test_the_monitor_names_a_broken_engine_call() -> None:
     )
     assert [(v.contract, v.step) for v in found] == [("C12", 3)]
     assert "request b" in found[0].message and monitor.violations == found
+
+
+SHARED = PoolBooks(holders={1: 2, 2: 1, 3: 1}, ref_counts={1: 2, 2: 1, 3: 1}, hashed=frozenset({1}))
+"""Two requests of one prefix: block 1 is their shared cached prefix block, blocks 2 and
+3 each one's own."""
+
+
+def test_c13_every_held_block_counts_its_holders() -> None:
+    assert all(block_held(SHARED, block) for block in SHARED.holders)
+    # A table left holding a block the pool freed (count 0: in the free queue).
+    freed = replace(SHARED, ref_counts={**SHARED.ref_counts, 3: 0})
+    assert not block_held(freed, 3)
+    # A shared prefix block whose second holder was never counted.
+    undercounted = replace(SHARED, ref_counts={**SHARED.ref_counts, 1: 1})
+    assert not block_held(undercounted, 1)
+    # A count above the holders (a pinned block) keeps it.
+    assert block_held(replace(SHARED, ref_counts={**SHARED.ref_counts, 2: 2}), 2)
+
+
+def test_c13_a_block_two_tables_hold_is_a_cached_block() -> None:
+    # Block 2 handed to a second table, counted, but no prefix hit made it shared.
+    reused = replace(SHARED, holders={**SHARED.holders, 2: 2}, ref_counts={1: 2, 2: 2, 3: 1})
+    assert not block_held(reused, 2)
+    assert block_held(replace(reused, hashed=frozenset({1, 2})), 2)
+
+
+def test_the_monitor_names_a_block_held_while_free_and_counts_the_blocks() -> None:
+    monitor = Monitor(
+        EngineConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=MAX_MODEL_LEN,
+                     block_size=16, num_gpu_blocks=64)
+    )  # fmt: skip
+    seen = StepSeen(
+        step=5,
+        scheduled={"a": 1},
+        preempted=(),
+        wanted={},
+        free_blocks=None,
+        num_running=1,
+        block_sizes=None,
+        pool=SHARED,
+    )
+    assert not monitor.judge(seen)
+    assert monitor.books_judged["C13"] == 3
+    freed = replace(SHARED, ref_counts={**SHARED.ref_counts, 3: 0})
+    (violation,) = monitor.judge(replace(seen, step=6, pool=freed))
+    assert (violation.contract, violation.step) == ("C13", 6)
+    assert violation.message == "block 3 held by 1 tables, ref_cnt 0"
+    assert monitor.books_judged["C13"] == 6

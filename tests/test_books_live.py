@@ -1,4 +1,4 @@
-"""Each item of the scheduler's books (C7-C12) broken by one planted edit of the installed
+"""Each item of the scheduler's books (C7-C13) broken by one planted edit of the installed
 vLLM's own code (``vllm_trees.BOOKS_BROKEN``) and caught by ``fuzz --vllm-src`` with the
 contract monitor alone: exit 1, the broken item counted and written as a scenario, which
 ``fuzz --replay`` through the same tree reproduces."""

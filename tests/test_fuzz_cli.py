@@ -34,7 +34,7 @@ def test_the_known_findings_are_the_manifests_per_step_ones() -> None:
     known = fuzz_cli.known_findings()
     assert ("vllm-0.32", "dspark-fill-in", "C3") in known
     assert ("vllm-0.32", "dflash", "C5") in known  # the contract monitor's
-    checked = ("C1", "C2", "C3", "C4", "C5", "C7", "C8", "C9", "C10", "C11", "C12")
+    checked = ("C1", "C2", "C3", "C4", "C5", "C7", "C8", "C9", "C10", "C11", "C12", "C13")
     proven = {key for key in expected_findings() if key[2] in checked}
     assert known == proven | outside_model_findings()
     assert fuzz_cli.step_checked() == checked

@@ -327,7 +327,7 @@ class PaddingKeptWhole(ast.NodeTransformer):
 
 
 # -- the scheduler's books, each broken by one planted edit -----------------------------
-# One small edit of vLLM's own code per item of C7-C12 (spec/contract.py BOOKS), found in
+# One small edit of vLLM's own code per item of C7-C13 (spec/contract.py BOOKS), found in
 # every release from 0.32 on; ``books_broken_tree`` plants one of them.
 
 
@@ -425,6 +425,24 @@ class StaleOutputDeliveredAtReset(_OneEdit):
         return node
 
 
+class TablesKeptOnFree(_OneEdit):
+    """C13: freeing a request's blocks returns them to the pool but leaves them in its
+    table (``req_to_blocks.get`` for ``.pop``), so the table holds free blocks."""
+
+    def visit_Call(self, node: ast.Call) -> ast.Call:
+        self.generic_visit(node)
+        func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "pop"
+            and ast.unparse(func.value) == "self.req_to_blocks"
+            and [ast.unparse(arg) for arg in node.args[:1]] == ["request_id"]
+        ):
+            self.changed += 1
+            func.attr = "get"
+        return node
+
+
 BOOKS_BROKEN: dict[str, tuple[str, type[_OneEdit]]] = {
     "C7": ("v1/core/sched/async_scheduler.py", DraftPlaceholdersForgotten),
     "C8": (SCHEDULER_MODULE, DraftsUntrimmed),
@@ -432,6 +450,7 @@ BOOKS_BROKEN: dict[str, tuple[str, type[_OneEdit]]] = {
     "C10": (SCHEDULER_MODULE, SampledRoomForgotten),
     "C11": (SCHEDULER_MODULE, ComputedKeptOnPreemption),
     "C12": (SCHEDULER_MODULE, StaleOutputDeliveredAtReset),
+    "C13": ("v1/core/single_type_kv_cache_manager.py", TablesKeptOnFree),
 }
 """Each item of the books, the module its planted edit changes and the edit."""
 
