@@ -42,6 +42,7 @@ from dualbudget.reference.sweep import (
     Cell,
     CellVerdict,
     SweepRow,
+    SweepUnit,
     cell_label,
     csv_rows,
     parse_grid,
@@ -423,34 +424,7 @@ def sweep_command(options: SimulateOptions) -> int:
     """``simulate --sweep``: every (workload, cell, profile) a unit of the executor, the
     rows merged in unit order into one table (stdout, ``--json``, ``--csv``) and a plot
     per workload (``--plot``)."""
-    from dualbudget.campaign.executor import (
-        EXECUTORS,
-        ExecutorUnavailable,
-        UnitFailed,
-        default_width,
-        executor_for,
-    )
-
-    if options.scenario or options.trace:
-        raise BadInput("--sweep: sweeps presets (--workload); not --scenario or --trace")
-    if options.executor not in EXECUTORS:
-        raise BadInput(f"--executor: unknown {options.executor!r} (known: {', '.join(EXECUTORS)})")
-    if options.jobs is not None and options.jobs < 1:
-        raise BadInput("--jobs: must be >= 1")
-    if options.num_requests is not None and options.num_requests < 1:
-        raise BadInput("--num-requests: must be >= 1")
-    if options.max_steps is not None and options.max_steps < 1:
-        raise BadInput("--max-steps: must be >= 1")
-    if options.differ_above < 0:
-        raise BadInput("--differ-above: must be >= 0")
-    overrides = (
-        options.max_num_batched_tokens,
-        options.max_num_seqs,
-        options.speculative_config,
-        options.enable_prefix_caching,
-    )
-    if any(value is not None for value in overrides):
-        raise BadInput("--sweep: vary the config with --grid, not with the override flags")
+    _check_sweep_options(options)
     grid = parse_grid(options.grid)
     profiles = list(options.profiles)
     check_profiles(profiles)
@@ -467,25 +441,7 @@ def sweep_command(options: SimulateOptions) -> int:
         num_requests=options.num_requests,
         max_steps=options.max_steps,
     )
-    ids = [f"{u.workload} {cell_label(u.cell)} {u.profile}" for u in units]
-    started = time.perf_counter()
-    local = options.executor == "local"
-    width = options.jobs or (default_width() if local else 0)
-    done = [0]
-
-    def progress(index: int, _: object) -> None:
-        done[0] += 1
-        if not options.quiet:
-            print(f"sweep: {done[0]}/{len(units)} units ({ids[index]})", file=sys.stderr)
-
-    try:
-        with executor_for(options.executor, width, options.ray_address) as executor:
-            rows = list(executor.map(run_unit, units, ids, on_done=progress))
-    except UnitFailed as err:
-        raise BadInput(f"--sweep: {err}") from None
-    except ExecutorUnavailable as err:
-        raise BadInput(f"--executor {options.executor}: {err}") from None
-    wall = time.perf_counter() - started
+    rows, wall, width = _run_sweep(options, units)
     header = {
         "seed": options.seed,
         "num_requests": options.num_requests,
@@ -517,6 +473,65 @@ def sweep_command(options: SimulateOptions) -> int:
         for path in write_sweep_plots(rows, cells, Path(options.plot), options.differ_above):
             print(f"plot: {path}")
     return 0
+
+
+def _check_sweep_options(options: SimulateOptions) -> None:
+    """Refuses, before any unit runs, the options a sweep cannot take."""
+    from dualbudget.campaign.executor import EXECUTORS
+
+    if options.scenario or options.trace:
+        raise BadInput("--sweep: sweeps presets (--workload); not --scenario or --trace")
+    if options.executor not in EXECUTORS:
+        raise BadInput(f"--executor: unknown {options.executor!r} (known: {', '.join(EXECUTORS)})")
+    if options.jobs is not None and options.jobs < 1:
+        raise BadInput("--jobs: must be >= 1")
+    if options.num_requests is not None and options.num_requests < 1:
+        raise BadInput("--num-requests: must be >= 1")
+    if options.max_steps is not None and options.max_steps < 1:
+        raise BadInput("--max-steps: must be >= 1")
+    if options.differ_above < 0:
+        raise BadInput("--differ-above: must be >= 0")
+    overrides = (
+        options.max_num_batched_tokens,
+        options.max_num_seqs,
+        options.speculative_config,
+        options.enable_prefix_caching,
+    )
+    if any(value is not None for value in overrides):
+        raise BadInput("--sweep: vary the config with --grid, not with the override flags")
+
+
+def _run_sweep(
+    options: SimulateOptions, units: list[SweepUnit]
+) -> tuple[list[SweepRow], float, int]:
+    """Every unit on the chosen executor, its rows in unit order; the wall time and the
+    executor's width (0: every CPU of a Ray cluster)."""
+    from dualbudget.campaign.executor import (
+        ExecutorUnavailable,
+        UnitFailed,
+        default_width,
+        executor_for,
+    )
+
+    ids = [f"{u.workload} {cell_label(u.cell)} {u.profile}" for u in units]
+    started = time.perf_counter()
+    local = options.executor == "local"
+    width = options.jobs or (default_width() if local else 0)
+    done = [0]
+
+    def progress(index: int, _: object) -> None:
+        done[0] += 1
+        if not options.quiet:
+            print(f"sweep: {done[0]}/{len(units)} units ({ids[index]})", file=sys.stderr)
+
+    try:
+        with executor_for(options.executor, width, options.ray_address) as executor:
+            rows = list(executor.map(run_unit, units, ids, on_done=progress))
+    except UnitFailed as err:
+        raise BadInput(f"--sweep: {err}") from None
+    except ExecutorUnavailable as err:
+        raise BadInput(f"--executor {options.executor}: {err}") from None
+    return rows, time.perf_counter() - started, width
 
 
 def print_sweep(

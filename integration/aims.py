@@ -306,47 +306,11 @@ def aimed_config(draw: st.DrawFn, bounds: ConfigBounds, profile: str, layout: st
     b = _ranged(draw, low, high, "max_num_batched_tokens")
     if token.scales_with_b:
         cap = _token_budget(draw, token, b, k)
-    groups: tuple[KVGroup, ...] = ()
-    if bounds.kv_layouts:
-        layout_shape = _one_of(draw, bounds.kv_layouts, "kv_groups")
-        groups = tuple(shape.at(block_size) for shape in layout_shape)
-    caching = bounds.prefix_caching
-    retention: int | None = None
-    if bounds.layout_caching and all(caching_modelled(group) for group in groups):
-        # On in three draws of four: hit cuts need a cached prefix asked again after
-        # the pool evicted one group's blocks of it, which few examples reach.
-        caching = draw(st.sampled_from((True, True, True, False)), label="enable_prefix_caching")
-        if caching and any(group.kind in RETENTION_KINDS for group in groups):
-            # vLLM's engine runs 0 (sparse: a window group caches only the blocks a replay
-            # or a shared-prefix junction resumes at); KVCacheConfig's own None (dense) in
-            # one draw of four.
-            retention = draw(
-                st.sampled_from((0, 0, 0, None)), label="prefix_cache_retention_interval"
-            )
-    checkpoints = 0
-    if any(group.mamba_cache_mode == "align" for group in groups):
-        # Mamba layers that save the prompt's state inside a chunk (FlashInfer's gated
-        # delta net prefill, Hopper's default) or not (Triton's); with caching off too,
-        # where vLLM's scheduler still reserves and splits for them.
-        checkpoints = draw(st.sampled_from((1, 0)), label="mamba_prefill_checkpoint_blocks")
+    groups, caching, retention, checkpoints = _kv_cache(draw, bounds, block_size)
     need = full_request_blocks(max_model_len, block_size, groups)
     pool = _one_of(draw, bounds.pools, "pool")
     num_gpu_blocks = _ranged(draw, *pool.range_at(need, seqs), "num_gpu_blocks")
-    row = layout_named(layout)
-    speculative = SpeculativeConfig.for_layout(row, k)
-    modules = None
-    # In one draw of two the row's drafter is MTP of K modules: no prefill chunk ends
-    # within K of the prompt's end and a chunk's last K - 1 tokens wait for the next to
-    # be cached. vLLM refuses it with prefix caching on a scheduler block shorter than K,
-    # which the draw never asks for.
-    if (
-        row.takes_mtp
-        and k > 1
-        and (k <= block_size or not caching)
-        and draw(st.booleans(), label="multi-module MTP")
-    ):
-        speculative = replace(speculative, method="mtp")
-        modules = k
+    speculative, modules = _drafter(draw, layout, k, block_size, caching)
     return EngineConfig(
         max_num_batched_tokens=b,
         max_num_seqs=seqs,
@@ -682,6 +646,60 @@ nine methods: only Hypothesis' first, simplest example, which for ``edge`` never
 the padding boundary (``lone``'s does reach its own); ``edge`` needs three to kill the
 padding rule's five mutants (docs/mutate.md), and ``prefix`` at two left a method's
 token budget or resume re-hit at zero now and then."""
+
+
+def _kv_cache(
+    draw: st.DrawFn, bounds: ConfigBounds, block_size: int
+) -> tuple[tuple[KVGroup, ...], bool, int | None, int]:
+    """The KV cache groups, prefix caching, its retention interval and the Mamba prefill
+    checkpoint blocks of ``aimed_config``, drawn in that order."""
+    groups: tuple[KVGroup, ...] = ()
+    if bounds.kv_layouts:
+        layout_shape = _one_of(draw, bounds.kv_layouts, "kv_groups")
+        groups = tuple(shape.at(block_size) for shape in layout_shape)
+    caching = bounds.prefix_caching
+    retention: int | None = None
+    if bounds.layout_caching and all(caching_modelled(group) for group in groups):
+        # On in three draws of four: hit cuts need a cached prefix asked again after
+        # the pool evicted one group's blocks of it, which few examples reach.
+        caching = draw(st.sampled_from((True, True, True, False)), label="enable_prefix_caching")
+        if caching and any(group.kind in RETENTION_KINDS for group in groups):
+            # vLLM's engine runs 0 (sparse: a window group caches only the blocks a replay
+            # or a shared-prefix junction resumes at); KVCacheConfig's own None (dense) in
+            # one draw of four.
+            retention = draw(
+                st.sampled_from((0, 0, 0, None)), label="prefix_cache_retention_interval"
+            )
+    checkpoints = 0
+    if any(group.mamba_cache_mode == "align" for group in groups):
+        # Mamba layers that save the prompt's state inside a chunk (FlashInfer's gated
+        # delta net prefill, Hopper's default) or not (Triton's); with caching off too,
+        # where vLLM's scheduler still reserves and splits for them.
+        checkpoints = draw(st.sampled_from((1, 0)), label="mamba_prefill_checkpoint_blocks")
+    return groups, caching, retention, checkpoints
+
+
+def _drafter(
+    draw: st.DrawFn, layout: str, k: int, block_size: int, caching: bool
+) -> tuple[SpeculativeConfig, int | None]:
+    """The speculative config of ``layout``'s row with ``k`` drafts, and the number of
+    MTP modules where the draw makes its drafter multi-module MTP (else None)."""
+    row = layout_named(layout)
+    speculative = SpeculativeConfig.for_layout(row, k)
+    modules = None
+    # In one draw of two the row's drafter is MTP of K modules: no prefill chunk ends
+    # within K of the prompt's end and a chunk's last K - 1 tokens wait for the next to
+    # be cached. vLLM refuses it with prefix caching on a scheduler block shorter than K,
+    # which the draw never asks for.
+    if (
+        row.takes_mtp
+        and k > 1
+        and (k <= block_size or not caching)
+        and draw(st.booleans(), label="multi-module MTP")
+    ):
+        speculative = replace(speculative, method="mtp")
+        modules = k
+    return speculative, modules
 
 
 def machine_for(run: UnitRun) -> type[LockstepMachine]:

@@ -30,6 +30,7 @@ from .live import quiet_vllm
 from .vllm_source import provenance, use_vllm_source
 
 if TYPE_CHECKING:
+    from .fuzz import FuzzPlan
     from .monitor import MonitorViolation
     from .outcome import FindingKey, FuzzResult
 
@@ -203,26 +204,55 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
     try:
         profile, how, known_findings = fuzz_profile(options, version)
     except NoProfileMatches as differs:
-        print(differs.report, flush=True)
-        print(f"verdict: {differs.verdict}", flush=True)
-        write_json(
-            options.json_path,
-            {
-                "vllm_version": version,
-                "profile": None,
-                "steps": 0,
-                "verdict": differs.verdict,
-                "exit_code": 1,
-            },
-        )
-        return 1
+        return _no_profile_matches(options, version, differs)
     monitor_only = options.monitor_only or how == MONITOR_ALONE
-    gate = options.coverage_gate
     if options.scheduler_cls:
         from .live import scheduler_class
 
         scheduler_class(options.scheduler_cls)  # refused here, before any process starts
-    from .fuzz import FuzzPlan, run_fuzz
+    from .fuzz import run_fuzz
+
+    plan = _fuzz_plan(options, version, profile, how, known_findings, monitor_only)
+    layouts = list(plan.layouts or ())
+    result = run_fuzz(plan, progress=lambda line: print(line, flush=True))
+    code, table = fuzz_verdict(result, layouts, gate=options.coverage_gate)
+    origin = provenance()  # under --vllm-src: which vllm.v1.core files the run took
+    if origin is not None:
+        print(origin.report())
+    print(table)
+    verdict = table.rsplit("verdict: ", 1)[-1]
+    write_json(options.json_path, {**fuzz_json(result), "verdict": verdict, "exit_code": code})
+    return code
+
+
+def _no_profile_matches(options: FuzzOptions, version: str, differs: NoProfileMatches) -> int:
+    """A fuzz asked of a profile the installed vLLM does not decide as: the report of
+    where it departs, the verdict and its JSON; exit 1."""
+    print(differs.report, flush=True)
+    print(f"verdict: {differs.verdict}", flush=True)
+    write_json(
+        options.json_path,
+        {
+            "vllm_version": version,
+            "profile": None,
+            "steps": 0,
+            "verdict": differs.verdict,
+            "exit_code": 1,
+        },
+    )
+    return 1
+
+
+def _fuzz_plan(
+    options: FuzzOptions,
+    version: str,
+    profile: str,
+    how: str,
+    known_findings: frozenset[FindingKey],
+    monitor_only: bool,
+) -> FuzzPlan:
+    """The fuzz the options ask of ``profile`` on ``version``, its first line printed."""
+    from .fuzz import FuzzPlan
 
     built = profile_named(profile).release.layouts
     layouts = list(options.layouts or built)
@@ -238,7 +268,7 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
     )
     if unbuilt and not options.layouts:
         print(f"  not fuzzed: {', '.join(unbuilt)} (the release builds no such drafter)")
-    plan = FuzzPlan(
+    return FuzzPlan(
         profile=profile,
         vllm_version=version,
         examples=options.examples,
@@ -254,18 +284,9 @@ def run_fuzz_stage(options: FuzzOptions) -> int:
         campaign=options.campaign,
         budget_seconds=options.budget,
         # The rounds serve the gate: a run without it has nothing to top up for.
-        top_up_rounds=options.top_up_rounds if gate else 0,
+        top_up_rounds=options.top_up_rounds if options.coverage_gate else 0,
         monitor_only=monitor_only,
     )
-    result = run_fuzz(plan, progress=lambda line: print(line, flush=True))
-    code, table = fuzz_verdict(result, layouts, gate=gate)
-    origin = provenance()  # under --vllm-src: which vllm.v1.core files the run took
-    if origin is not None:
-        print(origin.report())
-    print(table)
-    verdict = table.rsplit("verdict: ", 1)[-1]
-    write_json(options.json_path, {**fuzz_json(result), "verdict": verdict, "exit_code": code})
-    return code
 
 
 def fuzz_json(result: FuzzResult) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -264,19 +264,9 @@ def run_mutate_stage(options: MutateOptions) -> int:
         flush=True,
     )
     start = time.monotonic()
-    from .fuzz import fuzz_executor, vllm_fingerprint
-    from .sources import project_digest
+    from .fuzz import fuzz_executor
 
-    kept = None
-    if options.campaign is not None:
-        key = (
-            f"mutate of {vllm_fingerprint()}, {profile}, {plan.examples} examples,"
-            f" seed {plan.seed}, dualbudget {project_digest()[:12]}"
-        )
-        try:
-            kept = Campaign(options.campaign, key)
-        except CampaignMismatch as err:
-            raise BadInput(f"--campaign: {err}") from None
+    kept = _kept_campaign(options.campaign, profile, plan)
     with fuzz_executor(
         jobs, executor=options.executor, ray_address=options.ray_address
     ) as executor:
@@ -286,15 +276,8 @@ def run_mutate_stage(options: MutateOptions) -> int:
     errors = decide(results, version, operators)
     if control.status != "agrees":
         errors.insert(0, f"the unmutated control did not pass: {control.status} {control.scenario}")
-    for r in results:
-        tail = r.scenario or r.reason or ""
-        print(f"  {r.status:<10} {r.name:<56} {r.location:<14} {r.seconds:>6.1f}s  {tail}")
-    counts = {s: sum(r.status == s for r in results) for s in ("killed", "survived", "equivalent")}
     seconds = time.monotonic() - start
-    print(
-        f"{len(results)} mutants: {counts['killed']} killed, {counts['survived']} survived,"
-        f" {counts['equivalent']} equivalent, in {seconds:.0f}s"
-    )
+    counts = _print_results(results, seconds)
     for error in errors:
         print(f"dualbudget mutate: error: {error}", file=sys.stderr)
     write_json(
@@ -311,3 +294,34 @@ def run_mutate_stage(options: MutateOptions) -> int:
         },
     )
     return 1 if errors or counts["survived"] else 0
+
+
+def _kept_campaign(folder: str | None, profile: str, plan: Plan) -> Campaign | None:
+    """The campaign ``--campaign`` keeps the mutants' results in, keyed by what decides
+    them (vLLM's sources, the profile, the examples and seed, dualbudget's sources)."""
+    if folder is None:
+        return None
+    from .fuzz import vllm_fingerprint
+    from .sources import project_digest
+
+    key = (
+        f"mutate of {vllm_fingerprint()}, {profile}, {plan.examples} examples,"
+        f" seed {plan.seed}, dualbudget {project_digest()[:12]}"
+    )
+    try:
+        return Campaign(folder, key)
+    except CampaignMismatch as err:
+        raise BadInput(f"--campaign: {err}") from None
+
+
+def _print_results(results: Sequence[MutantResult], seconds: float) -> dict[str, int]:
+    """One line per mutant and the totals; the count of each status."""
+    for r in results:
+        tail = r.scenario or r.reason or ""
+        print(f"  {r.status:<10} {r.name:<56} {r.location:<14} {r.seconds:>6.1f}s  {tail}")
+    counts = {s: sum(r.status == s for r in results) for s in ("killed", "survived", "equivalent")}
+    print(
+        f"{len(results)} mutants: {counts['killed']} killed, {counts['survived']} survived,"
+        f" {counts['equivalent']} equivalent, in {seconds:.0f}s"
+    )
+    return counts

@@ -159,6 +159,11 @@ def _k_rows(layout: str, k: int, q: int) -> int:
 def exhibits() -> tuple[Exhibit, ...]:
     """Every finding and crash the generator can write, each on the smallest config that
     shows it (the manifest's minimal witnesses, scaled to a scheduler vLLM accepts)."""
+    return _budget_exhibits() + _stall_and_crash_exhibits()
+
+
+def _budget_exhibits() -> tuple[Exhibit, ...]:
+    """The budgets' findings: draft rows past the buffer (C3), capacity left unused (C5)."""
     fill_in_k, fill_in_b = 2, 8
     dflash_k, dflash_b = 2, 16
     ngram_k, ngram_b = 3, 16
@@ -225,6 +230,12 @@ def exhibits() -> tuple[Exhibit, ...]:
             notes={"DRAFT_ROWS": "ngram runs no draft forward"},
             body=_C5_BODY,
         ),
+    )
+
+
+def _stall_and_crash_exhibits() -> tuple[Exhibit, ...]:
+    """An empty step with a runnable request (C4), and a step vLLM's own assertion fails."""
+    return (
         Exhibit(
             name="ngram_parallel_small_budget_schedules_a_token",
             finding="ngram-parallel/C4",

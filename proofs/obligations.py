@@ -65,6 +65,7 @@ from .model import (
     UNSCHEDULED,
     AbsState,
     Subject,
+    SymConfig,
     accepted,
     affine_lemma,
     affine_sum,
@@ -184,142 +185,186 @@ def _lemma_instances(subject: Subject, p: Any, *qs: Any) -> list[Any]:
 
 
 def inductive_queries(subject: Subject, layout_name: str) -> list[Query]:
-    layout = layout_named(layout_name)
-    cfg = sym_config(layout)
-    policy, p = subject.policy, cfg.p
+    """C1 and C2 by induction: the charge lemmas, the empty book (initiation), then one
+    query per transition of the book from any state the invariant allows."""
+    cfg = sym_config(layout_named(layout_name))
     base = _base(subject, cfg)
-    out: list[Query] = []
+    out = _charge_lemma_queries(subject, cfg, base)
+    out.append(_init_query(subject, cfg, base))
+    for status in (UNSCHEDULED, SCHEDULED):
+        out.append(_schedule_another(subject, cfg, base, status))
+        out.append(_preempt_another(subject, cfg, base, status))
+    out.append(_schedule_x(subject, cfg, base))
+    out.append(_preempt_x_scheduled(subject, cfg, base))
+    for status, label in ((UNSCHEDULED, "never charged"), (REFUNDED, "already refunded")):
+        out.append(_preempt_x_uncharged(subject, cfg, base, status, label))
+    return out
 
+
+def _charge_lemma_queries(subject: Subject, cfg: SymConfig, base: list[Any]) -> list[Query]:
+    """Each charged field is affine in ``q`` (the lemma the transitions instantiate)."""
     q = z3.Int("q")
-    for label, f in charge_fields(subject, p).items():
-        if label == "true draft rows":
-            continue
-        out.append(
-            Query(
-                f"lemma: {label} affine in q",
-                [*base, q >= 1],
-                {"C2": as_bool(affine_lemma(f, q))},
-                {"q": q},
-            )
+    return [
+        Query(
+            f"lemma: {label} affine in q",
+            [*base, q >= 1],
+            {"C2": as_bool(affine_lemma(f, q))},
+            {"q": q},
         )
+        for label, f in charge_fields(subject, cfg.p).items()
+        if label != "true draft rows"
+    ]
 
-    # Initiation: the book of an empty step.
+
+def _init_query(subject: Subject, cfg: SymConfig, base: list[Any]) -> Query:
+    """Initiation: the book of an empty step keeps the invariant."""
     qx = z3.Int("q_x")
-    book = subject.open_book(p)
+    book = subject.open_book(cfg.p)
     init = AbsState(book.ledger, z3.IntVal(0), z3.IntVal(0), UNSCHEDULED, qx, None)
     inv0 = invariant(subject, cfg, init)
     empty: Any = z3.BoolVal(not book.charges)
-    out.append(
-        Query(
-            "init: open",
-            [*base, qx >= 1],
-            {"C1": inv0.c1, "C2": z3.And(inv0.c2, inv0.shape, empty)},
-        )
+    return Query(
+        "init: open",
+        [*base, qx >= 1],
+        {"C1": inv0.c1, "C2": z3.And(inv0.c2, inv0.shape, empty)},
     )
 
-    def step(label: str, pre: AbsState, extra: list[Any], post: AbsState, more: Any) -> None:
-        inv = invariant(subject, cfg, pre)
-        after = invariant(subject, cfg, post)
-        shown = {
-            "n": pre.n,
-            "T": pre.t,
-            "token_budget": pre.ledger.token_budget,
-            "input_budget": pre.ledger.input_budget,
-            "q_x": pre.q_x,
-        }
-        out.append(
-            Query(
-                label,
-                [*base, inv.all(), *extra],
-                {"C1": after.c1, "C2": z3.And(after.c2, after.shape, more)},
-                shown,
-            )
-        )
 
-    cap = policy.max_active_requests(p)
-    for status in (UNSCHEDULED, SCHEDULED):
-        # Schedule another request: the loop's guards, then grant and charge.
-        pre = fresh_state("", status)
-        bk = subject.book_at(p, pre.ledger, pre.charges())
-        need = z3.Int("need")
-        guards = [need >= 1, pre.count() < cap, as_bool(neg(bk.exhausted()))]
-        granted = bk.grant(need)
-        guards.append(granted >= 1)
-        recorded = bk.schedule("o", granted)
-        post = AbsState(bk.ledger, pre.n + 1, pre.t + granted, status, pre.q_x, bk.charges.get("x"))
-        same = charge_eq(recorded, policy.charge(p, granted))
-        ok = z3.And(as_bool(same), as_bool(charge_eq(bk.charges["o"], recorded)))
-        step(
-            f"schedule another request (x {_st(status)})",
-            pre,
-            [*guards, *_lemma_instances(subject, p, granted, pre.q_x)],
-            post,
-            ok,
-        )
+def _step_query(
+    subject: Subject,
+    cfg: SymConfig,
+    base: list[Any],
+    label: str,
+    pre: AbsState,
+    extra: list[Any],
+    post: AbsState,
+    more: Any,
+) -> Query:
+    """One transition from ``pre`` (the invariant and ``extra`` assumed) to ``post``: the
+    invariant holds after it, and so does ``more``."""
+    inv = invariant(subject, cfg, pre)
+    after = invariant(subject, cfg, post)
+    shown = {
+        "n": pre.n,
+        "T": pre.t,
+        "token_budget": pre.ledger.token_budget,
+        "input_budget": pre.ledger.input_budget,
+        "q_x": pre.q_x,
+    }
+    return Query(
+        label,
+        [*base, inv.all(), *extra],
+        {"C1": after.c1, "C2": z3.And(after.c2, after.shape, more)},
+        shown,
+    )
 
-        # Preempt another scheduled request: the book refunds what it recorded for it.
-        pre = fresh_state("", status)
-        q_o = z3.Int("q_o")
-        pre.others = {"o": policy.charge(p, q_o)}
-        bk = subject.book_at(p, pre.ledger, pre.charges())
-        refund = bk.preempt("o")
-        post = AbsState(bk.ledger, pre.n - 1, pre.t - q_o, status, pre.q_x, bk.charges.get("x"))
-        gone = z3.BoolVal("o" not in bk.charges)
-        exact = as_bool(charge_eq(refund, policy.charge(p, q_o)))
-        frame = [
-            pre.n >= 1,
-            q_o >= 1,
-            q_o <= pre.t - (pre.n - 1),
-            z3.Implies(pre.n == 1, q_o == pre.t),
-        ]
-        step(
-            f"preempt another scheduled request (x {_st(status)})",
-            pre,
-            [*frame, *_lemma_instances(subject, p, q_o, pre.q_x)],
-            post,
-            z3.And(gone, exact),
-        )
 
-    # Schedule the tracked request x.
+def _schedule_another(subject: Subject, cfg: SymConfig, base: list[Any], status: int) -> Query:
+    """Schedule another request: the loop's guards, then grant and charge."""
+    policy, p = subject.policy, cfg.p
+    pre = fresh_state("", status)
+    bk = subject.book_at(p, pre.ledger, pre.charges())
+    need = z3.Int("need")
+    guards = [need >= 1, pre.count() < policy.max_active_requests(p), as_bool(neg(bk.exhausted()))]
+    granted = bk.grant(need)
+    guards.append(granted >= 1)
+    recorded = bk.schedule("o", granted)
+    post = AbsState(bk.ledger, pre.n + 1, pre.t + granted, status, pre.q_x, bk.charges.get("x"))
+    same = charge_eq(recorded, policy.charge(p, granted))
+    ok = z3.And(as_bool(same), as_bool(charge_eq(bk.charges["o"], recorded)))
+    return _step_query(
+        subject,
+        cfg,
+        base,
+        f"schedule another request (x {_st(status)})",
+        pre,
+        [*guards, *_lemma_instances(subject, p, granted, pre.q_x)],
+        post,
+        ok,
+    )
+
+
+def _preempt_another(subject: Subject, cfg: SymConfig, base: list[Any], status: int) -> Query:
+    """Preempt another scheduled request: the book refunds what it recorded for it."""
+    policy, p = subject.policy, cfg.p
+    pre = fresh_state("", status)
+    q_o = z3.Int("q_o")
+    pre.others = {"o": policy.charge(p, q_o)}
+    bk = subject.book_at(p, pre.ledger, pre.charges())
+    refund = bk.preempt("o")
+    post = AbsState(bk.ledger, pre.n - 1, pre.t - q_o, status, pre.q_x, bk.charges.get("x"))
+    gone = z3.BoolVal("o" not in bk.charges)
+    exact = as_bool(charge_eq(refund, policy.charge(p, q_o)))
+    frame = [
+        pre.n >= 1,
+        q_o >= 1,
+        q_o <= pre.t - (pre.n - 1),
+        z3.Implies(pre.n == 1, q_o == pre.t),
+    ]
+    return _step_query(
+        subject,
+        cfg,
+        base,
+        f"preempt another scheduled request (x {_st(status)})",
+        pre,
+        [*frame, *_lemma_instances(subject, p, q_o, pre.q_x)],
+        post,
+        z3.And(gone, exact),
+    )
+
+
+def _schedule_x(subject: Subject, cfg: SymConfig, base: list[Any]) -> Query:
+    """Schedule the tracked request x."""
+    policy, p = subject.policy, cfg.p
     pre = fresh_state("", UNSCHEDULED)
     bk = subject.book_at(p, pre.ledger, pre.charges())
     need = z3.Int("need")
     granted = bk.grant(need)
+    cap = policy.max_active_requests(p)
     guards = [need >= 1, pre.count() < cap, as_bool(neg(bk.exhausted())), granted >= 1]
     bk.schedule("x", granted)
     post = AbsState(bk.ledger, pre.n, pre.t, SCHEDULED, granted, bk.charges.get("x"))
-    step(
-        "schedule x", pre, [*guards, *_lemma_instances(subject, p, granted)], post, z3.BoolVal(True)
-    )
+    extra = [*guards, *_lemma_instances(subject, p, granted)]
+    return _step_query(subject, cfg, base, "schedule x", pre, extra, post, z3.BoolVal(True))
 
-    # Preempt x while scheduled: refund exactly the recorded charge, and forget it.
+
+def _preempt_x_scheduled(subject: Subject, cfg: SymConfig, base: list[Any]) -> Query:
+    """Preempt x while scheduled: refund exactly the recorded charge, and forget it."""
     pre = fresh_state("", SCHEDULED)
-    bk = subject.book_at(p, pre.ledger, pre.charges())
+    bk = subject.book_at(cfg.p, pre.ledger, pre.charges())
     assert pre.book_x is not None
     refund = bk.preempt("x")
     post = AbsState(bk.ledger, pre.n, pre.t, REFUNDED, pre.q_x, bk.charges.get("x"))
-    step(
+    return _step_query(
+        subject,
+        cfg,
+        base,
         "preempt x while scheduled: refund its charge once",
         pre,
-        _lemma_instances(subject, p, pre.q_x),
+        _lemma_instances(subject, cfg.p, pre.q_x),
         post,
         as_bool(charge_eq(refund, pre.book_x)),
     )
 
-    # Preempt x while the book holds no charge for it: nothing is refunded.
-    for status, label in ((UNSCHEDULED, "never charged"), (REFUNDED, "already refunded")):
-        pre = fresh_state("", status)
-        bk = subject.book_at(p, pre.ledger, pre.charges())
-        refund = bk.preempt("x")
-        post = AbsState(bk.ledger, pre.n, pre.t, status, pre.q_x, bk.charges.get("x"))
-        step(
-            f"preempt x {label}: refund nothing",
-            pre,
-            [],
-            post,
-            as_bool(charge_eq(refund, Charge(0, 0))),
-        )
-    return out
+
+def _preempt_x_uncharged(
+    subject: Subject, cfg: SymConfig, base: list[Any], status: int, label: str
+) -> Query:
+    """Preempt x while the book holds no charge for it: nothing is refunded."""
+    pre = fresh_state("", status)
+    bk = subject.book_at(cfg.p, pre.ledger, pre.charges())
+    refund = bk.preempt("x")
+    post = AbsState(bk.ledger, pre.n, pre.t, status, pre.q_x, bk.charges.get("x"))
+    return _step_query(
+        subject,
+        cfg,
+        base,
+        f"preempt x {label}: refund nothing",
+        pre,
+        [],
+        post,
+        as_bool(charge_eq(refund, Charge(0, 0))),
+    )
 
 
 def _st(status: int) -> str:
@@ -468,6 +513,47 @@ def c5_queries(subject: Subject, layout_name: str) -> list[Query]:
     ]
 
 
+def _c6_step(
+    pair: tuple[Subject, Subject],
+    cfg: SymConfig,
+    base: list[Any],
+    relation: Relation,
+    label: str,
+    lanes: tuple[Lane, Lane],
+    extra: list[Any],
+    checks: dict[str, str],
+) -> Query:
+    """One more request served by both profiles from ``lanes`` (``extra`` assumed): the
+    relation holds after it for each measure of ``checks`` (measure to check name)."""
+    hi, lo = pair
+    p = cfg.p
+    hi_lane, lo_lane = lanes
+    need = z3.Int("need")
+    hi_next, hi_got = serve(hi, p, hi_lane, need)
+    lo_next, lo_got = serve(lo, p, lo_lane, need)
+    premises = [
+        *base,
+        on_track(hi, cfg, hi_lane, relation),
+        on_track(lo, cfg, lo_lane, relation),
+        *extra,
+        need >= 1,
+        *charge_lemmas(hi, p, hi_got).values(),
+        *charge_lemmas(lo, p, lo_got).values(),
+    ]
+    after = (hi_next, lo_next)
+    goals = {check: related(m, pair, cfg, after, relation) for m, check in checks.items()}
+    shown = {
+        f"n_{hi.profile}": hi_lane.n,
+        f"T_{hi.profile}": hi_lane.t,
+        f"n_{lo.profile}": lo_lane.n,
+        f"T_{lo.profile}": lo_lane.t,
+        "need": need,
+        f"granted_{hi.profile}": hi_got,
+        f"granted_{lo.profile}": lo_got,
+    }
+    return Query(label, premises, goals, shown)
+
+
 def c6_queries(
     hi: Subject, lo: Subject, layout_name: str, relation: Relation | None = None
 ) -> list[Query]:
@@ -501,31 +587,8 @@ def c6_queries(
     def step(
         label: str, lanes: tuple[Lane, Lane], extra: list[Any], measures: tuple[str, ...]
     ) -> None:
-        hi_lane, lo_lane = lanes
-        need = z3.Int("need")
-        hi_next, hi_got = serve(hi, p, hi_lane, need)
-        lo_next, lo_got = serve(lo, p, lo_lane, need)
-        premises = [
-            *base,
-            on_track(hi, cfg, hi_lane, relation),
-            on_track(lo, cfg, lo_lane, relation),
-            *extra,
-            need >= 1,
-            *charge_lemmas(hi, p, hi_got).values(),
-            *charge_lemmas(lo, p, lo_got).values(),
-        ]
-        after = (hi_next, lo_next)
-        goals = {checks[m]: related(m, pair, cfg, after, relation) for m in measures}
-        shown = {
-            f"n_{hi.profile}": hi_lane.n,
-            f"T_{hi.profile}": hi_lane.t,
-            f"n_{lo.profile}": lo_lane.n,
-            f"T_{lo.profile}": lo_lane.t,
-            "need": need,
-            f"granted_{hi.profile}": hi_got,
-            f"granted_{lo.profile}": lo_got,
-        }
-        out.append(Query(label, premises, goals, shown))
+        goals = {m: checks[m] for m in measures}
+        out.append(_c6_step(pair, cfg, base, relation, label, lanes, extra, goals))
 
     lanes = (fresh_lane("hi"), fresh_lane("lo"))
     step("step: one more request from a tied state", lanes, [tied(*lanes)], MEASURES)

@@ -198,18 +198,7 @@ class Scheduler:
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
         self.kv = manager_for(config, self.release, self.num_lookahead_tokens, self.observed)
-        # The release caches a running request's verified blocks as its output comes, when
-        # the step had spec tokens or output placeholders to verify.
-        # 0.34 on publishes a Mamba group's finalised states as the output comes, spec
-        # tokens or not (a synchronous step holds no placeholders).
-        beside_mamba = self.release.caches_output_beside_mamba and any(
-            group.kind == "mamba" for group in config.groups
-        )
-        self._caches_verified_output = (
-            self.kv.enable_caching
-            and self._release_caches_verified_output
-            and (self.num_spec_tokens > 0 or self.schedules_ahead or beside_mamba)
-        )
+        self._caches_verified_output = self._caches_output_as_it_comes(config)
         # Scheduler.schedule: a release may apply the threshold only to chunked prefill.
         self._threshold = (
             0
@@ -239,6 +228,20 @@ class Scheduler:
             SetPauseState: self._set_pause_state,
         }
         self.state = state.copy() if state is not None else self.initial_state(config)
+
+    def _caches_output_as_it_comes(self, config: EngineConfig) -> bool:
+        """Whether the release caches a running request's verified blocks as its output
+        comes: when the step had spec tokens or output placeholders to verify, and from
+        0.34 on a Mamba group's finalised states, spec tokens or not (a synchronous step
+        holds no placeholders)."""
+        beside_mamba = self.release.caches_output_beside_mamba and any(
+            group.kind == "mamba" for group in config.groups
+        )
+        return (
+            self.kv.enable_caching
+            and self._release_caches_verified_output
+            and (self.num_spec_tokens > 0 or self.schedules_ahead or beside_mamba)
+        )
 
     @staticmethod
     def initial_state(config: EngineConfig) -> SchedulerState:

@@ -54,7 +54,7 @@ from .replay import check_settings
 from .scenario import Acceptance, RequestSpec, Scenario, validate
 from .scheduler import PREFIX_OBSERVED
 from .token_ids import segment
-from .trace import Trace, TraceError
+from .trace import Entry, Trace, TraceError
 from .violations import StepViolation
 
 ProgressFn = Callable[[str, int, int, int], None]
@@ -612,55 +612,10 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
     # the recorded settings are read as the recording release's replay reads them.
     release = release_of(trace.header.vllm_version)
     check_settings(trace, profile_named(profile) if release is None else release_profile(release))
-    arrivals: dict[str, tuple[AddRequest, int]] = {}
-    aborts: dict[str, int] = {}
-    resets: dict[int, bool] = {}
-    pauses: dict[int, str] = {}
-    reached: list[int] = []
-    accepted: list[int] = []
-    steps = 0
-    # The drafts each step verified, by step: under async an output answers an earlier step.
-    spec_of: dict[int, dict[str, int]] = {}
-    last = -1
-    proposed_none: set[str] = set()
-    for entry in trace.entries:
-        if isinstance(entry, StepRecord):
-            steps += 1
-            last = entry.step
-            spec_of[last] = entry.scheduled_spec_tokens
-        elif isinstance(entry, AddRequest):
-            arrivals[entry.request_id] = (entry, steps)
-        elif isinstance(entry, Abort):
-            aborts.setdefault(entry.request_id, steps)
-        elif isinstance(entry, ResetPrefixCache):
-            # A scenario holds one reset before a step: one that resets the running
-            # requests does all a plain one does and more.
-            resets[steps] = resets.get(steps, False) or entry.reset_running_requests
-        elif isinstance(entry, SetPauseState):
-            # The state the step is scheduled in is the last one set before it.
-            pauses[steps] = entry.state
-        elif isinstance(entry, DraftProposals):
-            proposed_none = {rid for rid, n in entry.num_drafts.items() if n == 0}
-        elif isinstance(entry, ModelOutput):
-            spec = spec_of.get(last if entry.step is None else entry.step, {})
-            for rid, sampled in entry.num_sampled.items():
-                drafts = spec.get(rid, 0)
-                if sampled <= 0 or (drafts <= 0 and rid not in proposed_none):
-                    continue
-                # A decode step after the drafter proposed nothing (n-gram without a
-                # match) counts as a rejection at the first position: the simulation
-                # proposes K every step, so the trace's silence must lower the rates.
-                drafts = max(drafts, 1)
-                taken = sampled - 1
-                while len(reached) < drafts:
-                    reached.append(0)
-                    accepted.append(0)
-                for position in range(min(taken + 1, drafts)):
-                    reached[position] += 1
-                    accepted[position] += position < taken
+    arrivals, aborts, resets, pauses = _timeline(trace.entries)
     if not arrivals:
         raise TraceError(f"trace {trace.path!r}: holds no request to simulate")
-    rates = tuple(a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True))
+    rates = _acceptance_rates(trace.entries)
     block_size = trace.header.config.block_size
     requests = tuple(
         RequestSpec(
@@ -687,6 +642,71 @@ def scenario_from_trace(trace: Trace, profile: str, seed: int = 0) -> Scenario:
             pauses=pauses or None,
         )
     )
+
+
+Timeline = tuple[dict[str, tuple[AddRequest, int]], dict[str, int], dict[int, bool], dict[int, str]]
+"""A trace's arrivals (each request's event and the steps before it), aborts, resets
+and pauses, each by the number of steps recorded before it."""
+
+
+def _timeline(entries: Sequence[Entry]) -> Timeline:
+    """When each request arrived and was aborted, and the engine's calls, counted in the
+    steps recorded before each."""
+    arrivals: dict[str, tuple[AddRequest, int]] = {}
+    aborts: dict[str, int] = {}
+    resets: dict[int, bool] = {}
+    pauses: dict[int, str] = {}
+    steps = 0
+    for entry in entries:
+        if isinstance(entry, StepRecord):
+            steps += 1
+        elif isinstance(entry, AddRequest):
+            arrivals[entry.request_id] = (entry, steps)
+        elif isinstance(entry, Abort):
+            aborts.setdefault(entry.request_id, steps)
+        elif isinstance(entry, ResetPrefixCache):
+            # A scenario holds one reset before a step: one that resets the running
+            # requests does all a plain one does and more.
+            resets[steps] = resets.get(steps, False) or entry.reset_running_requests
+        elif isinstance(entry, SetPauseState):
+            # The state the step is scheduled in is the last one set before it.
+            pauses[steps] = entry.state
+    return arrivals, aborts, resets, pauses
+
+
+def _acceptance_rates(entries: Sequence[Entry]) -> tuple[float, ...]:
+    """Per draft position ``j``, the share of the drafts reached there that were accepted
+    (given ``j-1`` was), over every output of the trace."""
+    reached: list[int] = []
+    accepted: list[int] = []
+    # The drafts each step verified, by step: under async an output answers an earlier step.
+    spec_of: dict[int, dict[str, int]] = {}
+    last = -1
+    proposed_none: set[str] = set()
+    for entry in entries:
+        if isinstance(entry, StepRecord):
+            last = entry.step
+            spec_of[last] = entry.scheduled_spec_tokens
+        elif isinstance(entry, DraftProposals):
+            proposed_none = {rid for rid, n in entry.num_drafts.items() if n == 0}
+        elif isinstance(entry, ModelOutput):
+            spec = spec_of.get(last if entry.step is None else entry.step, {})
+            for rid, sampled in entry.num_sampled.items():
+                drafts = spec.get(rid, 0)
+                if sampled <= 0 or (drafts <= 0 and rid not in proposed_none):
+                    continue
+                # A decode step after the drafter proposed nothing (n-gram without a
+                # match) counts as a rejection at the first position: the simulation
+                # proposes K every step, so the trace's silence must lower the rates.
+                drafts = max(drafts, 1)
+                taken = sampled - 1
+                while len(reached) < drafts:
+                    reached.append(0)
+                    accepted.append(0)
+                for position in range(min(taken + 1, drafts)):
+                    reached[position] += 1
+                    accepted[position] += position < taken
+    return tuple(a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True))
 
 
 def prompt_ids_from_hashes(

@@ -57,9 +57,14 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.releases import release_of
+
+if TYPE_CHECKING:
+    from dualbudget.reference.scenario import Scenario
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -67,58 +72,22 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 def main() -> int:
     from dualbudget.integration.live import installed_vllm_version
-    from dualbudget.integration.scheduler_trace import deployment_config, write_scheduler_trace
     from dualbudget.reference.replay import profile_for_vllm_version
     from dualbudget.reference.scenario import validate
     from dualbudget.reference.workload import preset
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--async-scheduling", action="store_true")
-    parser.add_argument("--stop-rate", type=float, default=0.0)
-    parser.add_argument("--num-gpu-blocks", type=int)
-    parser.add_argument("--deployment")
-    parser.add_argument("--stand-in")
-    parser.add_argument("--no-prefix-caching", action="store_true")
-    parser.add_argument("--prefix-cache-retention-interval", type=int)
-    parser.add_argument("--reset-prefix-cache", default="", metavar="S1,S2")
-    parser.add_argument("--pause", default="", metavar="S:STATE,...")
-    args = parser.parse_args()
+    args = _parser().parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     workload = preset(args.workload)
     scenario = workload.scenario(args.seed)
     notes = {"workload": workload.name, "seed": str(args.seed), "summary": workload.summary}
     if args.max_steps:
         notes["max_steps"] = str(args.max_steps)
-    config = scenario.config
-    if args.deployment:
-        version = installed_vllm_version() or ""
-        release = release_of(version)
-        try:
-            if release is None:
-                raise BadInput(f"no release record for vLLM {version!r}")
-            config, deployment_notes = deployment_config(
-                config, args.deployment, args.stand_in, release, not args.no_prefix_caching
-            )
-        except BadInput as err:
-            print(f"record_scheduler_trace.py: {err}", file=sys.stderr)
-            return 2
-        notes.update(deployment_notes)
-    if args.prefix_cache_retention_interval is not None:
-        interval = args.prefix_cache_retention_interval
-        config = dataclasses.replace(config, prefix_cache_retention_interval=interval)
-        notes["prefix_cache_retention_interval"] = (
-            f"{interval} in the KVCacheConfig (vLLM's engine copies its cache_config default"
-            " 0 there; a scheduler built on its own KVCacheConfig runs None)"
-        )
-    if args.async_scheduling:
-        config = dataclasses.replace(config, async_scheduling=True)
-    if args.num_gpu_blocks:
-        config = dataclasses.replace(config, num_gpu_blocks=args.num_gpu_blocks)
-        notes["num_gpu_blocks"] = f"{args.num_gpu_blocks} (the preset's shrunk to preempt)"
+    try:
+        config = _recorded_config(args, scenario.config, notes)
+    except BadInput as err:
+        print(f"record_scheduler_trace.py: {err}", file=sys.stderr)
+        return 2
     stops = None
     if args.stop_rate:
         ids = [request.id for request in scenario.requests]
@@ -146,16 +115,74 @@ def main() -> int:
             pauses=pauses or None,
         )
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = Path(tmp) / "trace.ndjson"
-        steps = write_scheduler_trace(scenario, plain, args.max_steps, notes)
-        if args.out.name.endswith(".gz"):
-            with plain.open("rb") as source, gzip.GzipFile(args.out, "wb", mtime=0) as target:
-                shutil.copyfileobj(source, target)
-        else:
-            shutil.copy(plain, args.out)
+    steps = _write(scenario, args.out, args.max_steps, notes)
     print(f"{args.out}: {steps} steps of {workload.name} (seed {args.seed})")
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--stop-rate", type=float, default=0.0)
+    parser.add_argument("--num-gpu-blocks", type=int)
+    parser.add_argument("--deployment")
+    parser.add_argument("--stand-in")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--prefix-cache-retention-interval", type=int)
+    parser.add_argument("--reset-prefix-cache", default="", metavar="S1,S2")
+    parser.add_argument("--pause", default="", metavar="S:STATE,...")
+    return parser
+
+
+def _recorded_config(
+    args: argparse.Namespace, config: EngineConfig, notes: dict[str, str]
+) -> EngineConfig:
+    """The preset's config as the flags change it (a deployment's, the retention
+    interval, async scheduling, the pool), each change noted in ``notes``."""
+    from dualbudget.integration.live import installed_vllm_version
+    from dualbudget.integration.scheduler_trace import deployment_config
+
+    if args.deployment:
+        version = installed_vllm_version() or ""
+        release = release_of(version)
+        if release is None:
+            raise BadInput(f"no release record for vLLM {version!r}")
+        config, deployment_notes = deployment_config(
+            config, args.deployment, args.stand_in, release, not args.no_prefix_caching
+        )
+        notes.update(deployment_notes)
+    if args.prefix_cache_retention_interval is not None:
+        interval = args.prefix_cache_retention_interval
+        config = dataclasses.replace(config, prefix_cache_retention_interval=interval)
+        notes["prefix_cache_retention_interval"] = (
+            f"{interval} in the KVCacheConfig (vLLM's engine copies its cache_config default"
+            " 0 there; a scheduler built on its own KVCacheConfig runs None)"
+        )
+    if args.async_scheduling:
+        config = dataclasses.replace(config, async_scheduling=True)
+    if args.num_gpu_blocks:
+        config = dataclasses.replace(config, num_gpu_blocks=args.num_gpu_blocks)
+        notes["num_gpu_blocks"] = f"{args.num_gpu_blocks} (the preset's shrunk to preempt)"
+    return config
+
+
+def _write(scenario: Scenario, out: Path, max_steps: int | None, notes: dict[str, str]) -> int:
+    """The recording, gzipped where ``out`` ends in ``.gz``; its steps."""
+    from dualbudget.integration.scheduler_trace import write_scheduler_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "trace.ndjson"
+        steps = write_scheduler_trace(scenario, plain, max_steps, notes)
+        if out.name.endswith(".gz"):
+            with plain.open("rb") as source, gzip.GzipFile(out, "wb", mtime=0) as target:
+                shutil.copyfileobj(source, target)
+        else:
+            shutil.copy(plain, out)
+    return steps
 
 
 def stop_table(ids: list[str], steps: int, rate: float, seed: int) -> dict[int, dict[str, int]]:

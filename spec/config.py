@@ -233,6 +233,14 @@ def check_engine_config(config: EngineConfig) -> None:
     Policy-specific admission checks live with each policy (``policies.validate``), and
     so does the release's async check (``check_async_scheduling``).
     """
+    _check_numbers(config)
+    _check_scheduler_limits(config)
+    _check_cache_groups(config)
+    _check_drafting(config)
+
+
+def _check_numbers(config: EngineConfig) -> None:
+    """Each number of the config is an integer in its range, the policy a known one."""
     positive = {
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "max_num_seqs": config.max_num_seqs,
@@ -257,6 +265,10 @@ def check_engine_config(config: EngineConfig) -> None:
             f"unknown policy {config.scheduling_policy!r}"
             f" (known: {', '.join(SCHEDULING_POLICIES)})",
         )
+
+
+def _check_scheduler_limits(config: EngineConfig) -> None:
+    """``SchedulerConfig``'s own checks between its numbers, and its flags are bools."""
     # vLLM SchedulerConfig.verify_max_model_len
     if config.max_num_batched_tokens < config.max_model_len and not config.enable_chunked_prefill:
         raise ConfigError(
@@ -269,6 +281,7 @@ def check_engine_config(config: EngineConfig) -> None:
             "max_num_batched_tokens",
             f"({config.max_num_batched_tokens}) must be >= max_num_seqs ({config.max_num_seqs})",
         )
+    threshold = config.long_prefill_token_threshold
     if threshold > config.max_model_len:
         raise ConfigError(
             "long_prefill_token_threshold",
@@ -283,6 +296,10 @@ def check_engine_config(config: EngineConfig) -> None:
             "enable_prefix_caching",
             f"must be true or false, got {config.enable_prefix_caching!r}",
         )
+
+
+def _check_cache_groups(config: EngineConfig) -> None:
+    """Each KV cache group, the retention interval and the Mamba checkpoints."""
     for index, group in enumerate(config.kv_groups):
         check_kv_group(group, f"kv_groups[{index}]")
     check_retention_interval(config)
@@ -293,6 +310,10 @@ def check_engine_config(config: EngineConfig) -> None:
         raise ConfigError(
             "kv_groups", f"Mamba groups share one mamba_cache_mode, got {sorted(modes)}"
         )
+
+
+def _check_drafting(config: EngineConfig) -> None:
+    """The speculative config's draft count and method, and MTP's module count."""
     spec = config.speculative_config
     if spec is not None:
         k = spec.num_speculative_tokens
