@@ -361,7 +361,7 @@ def _bench_flags(bench: _Command) -> None:
 
 def _check_flags(check: _Command) -> None:
     check.flag("--fuzz-examples", type=_positive_int, help="examples of the fuzz")
-    check.flag("--fuzz-seconds", type=_nonnegative_float, help="time cap of the fuzz")
+    check.flag("--fuzz-seconds", type=_nonnegative_float, help="time cap of the fuzz, 0: none")
     check.flag("--seed", type=int)
     check.flag("--json", dest="json_path", metavar="FILE")
     check.flag("--junit", dest="junit_path", metavar="FILE", help="the verdict as JUnit XML")

@@ -401,53 +401,19 @@ class Scheduler:
         """The RUNNING loop of ``Scheduler.schedule``.
 
         It runs for every running request of every step, the reference's hottest loop:
-        the budget rules are looked up once, and ``num_tokens`` is read off its fields
-        rather than through the property."""
-        state, rules = self.state, self.rules
+        the budget rules are looked up once, and the ledger lives in locals while the loop
+        runs (``step`` holds it across calls)."""
+        state, rules, kv = self.state, self.rules, self.kv
         running, requests = state.running, state.requests
-        max_model_len = self.config.max_model_len
-        kv = self.kv
-        split = kv.block_aligned_split()
         scheduled = step.scheduled
-        # The ledger lives in locals while the loop runs; step holds it across calls.
         token_budget, input_budget = step.token_budget, step.input_budget
         done = rules.exhausted(token_budget, input_budget)
-        cap_base = max_model_len - NUM_SAMPLED_PER_STEP
-        lookahead = self.num_prefill_lookahead_tokens
         index = 0
         while not done and index < len(running):
             rid = running[index]
             request = requests[rid]
             computed = request.num_computed_tokens
-            num_tokens = request.prompt_len + request.num_output_tokens
-            placeholders = request.num_output_placeholders
-            if (
-                placeholders
-                and computed + 2 - placeholders >= request.prompt_len + request.max_tokens
-            ):
-                # Async scheduling: the output in flight reaches max_tokens even if every
-                # draft in it is rejected; no further step is needed.
-                self.observed["in_flight_max_tokens_skip"] += 1
-                index += 1
-                continue
-            drafts = request.num_drafts
-            # request.num_tokens_with_spec + num_output_placeholders - computed
-            need = num_tokens + drafts + placeholders - computed
-            if 0 < threshold < need:
-                need = threshold
-            q = rules.grant(token_budget, input_budget, need)
-            if q < need:
-                self._count_cut(step, token_budget, q)
-            # The position cap vLLM applies for spec decoding: keep one slot for the
-            # sampled token below max_model_len.
-            cap = cap_base - computed
-            if cap < q:
-                q = cap
-            if split is not None:
-                # Mamba align: the chunk ends where a state is cached, before its charge.
-                q = split(request, computed, q)
-            if lookahead > 1:
-                q = self._reserve_prefill_lookahead(num_tokens - computed, q)
+            q = self._running_tokens(step, request, token_budget, input_budget, threshold)
             if q <= 0:
                 # vLLM skips (not stops at) a request that gets no tokens.
                 index += 1
@@ -480,14 +446,61 @@ class Scheduler:
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
             index += 1
-            if drafts:
-                # Drafts past the verified tokens are what this step verifies; the rest are
-                # dropped (vLLM clears spec_token_ids once the request is scheduled).
-                num_spec = q + computed - num_tokens - placeholders
-                if num_spec > 0:
-                    step.spec[rid] = drafts if drafts < num_spec else num_spec
-                request.num_drafts = 0
+            if request.num_drafts:
+                self._verify_drafts(step, rid, request, q, computed)
         step.token_budget, step.input_budget = token_budget, input_budget
+
+    def _running_tokens(
+        self,
+        step: OpenStep,
+        request: RequestState,
+        token_budget: int,
+        input_budget: int,
+        threshold: int,
+    ) -> int:
+        """The tokens a running request gets this step before its KV allocation (0 or
+        less: it is skipped). ``num_tokens`` is read off its fields rather than through
+        the property: this runs for every running request of every step."""
+        computed = request.num_computed_tokens
+        num_tokens = request.prompt_len + request.num_output_tokens
+        placeholders = request.num_output_placeholders
+        if placeholders and computed + 2 - placeholders >= request.prompt_len + request.max_tokens:
+            # Async scheduling: the output in flight reaches max_tokens even if every
+            # draft in it is rejected; no further step is needed.
+            self.observed["in_flight_max_tokens_skip"] += 1
+            return 0
+        # request.num_tokens_with_spec + num_output_placeholders - computed
+        need = num_tokens + request.num_drafts + placeholders - computed
+        if 0 < threshold < need:
+            need = threshold
+        q = self.rules.grant(token_budget, input_budget, need)
+        if q < need:
+            self._count_cut(step, token_budget, q)
+        # The position cap vLLM applies for spec decoding: keep one slot for the sampled
+        # token below max_model_len.
+        cap = self.config.max_model_len - NUM_SAMPLED_PER_STEP - computed
+        if cap < q:
+            q = cap
+        split = self.kv.block_aligned_split()
+        if split is not None:
+            # Mamba align: the chunk ends where a state is cached, before its charge.
+            q = split(request, computed, q)
+        if self.num_prefill_lookahead_tokens > 1:
+            q = self._reserve_prefill_lookahead(num_tokens - computed, q)
+        return q
+
+    @staticmethod
+    def _verify_drafts(
+        step: OpenStep, rid: str, request: RequestState, q: int, computed: int
+    ) -> None:
+        """Drafts past the verified tokens are what this step verifies; the rest are
+        dropped (vLLM clears ``spec_token_ids`` once the request is scheduled)."""
+        drafts = request.num_drafts
+        num_tokens = request.prompt_len + request.num_output_tokens
+        num_spec = q + computed - num_tokens - request.num_output_placeholders
+        if num_spec > 0:
+            step.spec[rid] = drafts if drafts < num_spec else num_spec
+        request.num_drafts = 0
 
     def _allocate_or_preempt(
         self, step: OpenStep, request: RequestState, q: int, index: int
@@ -551,12 +564,9 @@ class Scheduler:
 
     def _schedule_waiting(self, step: OpenStep, threshold: int) -> None:
         """The WAITING loop of ``Scheduler.schedule``."""
-        state, rules = self.state, self.rules
-        k = self.num_spec_tokens
+        state, rules, kv = self.state, self.rules, self.kv
         # Only running requests are scheduled so far: vLLM's ``scheduled_running_reqs``.
         running_scheduled = bool(step.scheduled)
-        kv = self.kv
-        split = kv.block_aligned_split()
         skipped: list[str] = []
         while state.waiting and not rules.exhausted(step.token_budget, step.input_budget):
             if len(state.running) >= rules.max_active_requests:
@@ -568,53 +578,18 @@ class Scheduler:
                 # nothing).
                 skipped.append(self._pop_waiting(request.request_id))
                 continue
-            room = rules.room(step.token_budget, step.input_budget)
-            # A request starts at its cache hit (none without prefix caching): a
-            # full hit leaves it one token, padded below as any one-token decode.
+            # A request starts at its cache hit (none without prefix caching): a full hit
+            # leaves it one token, padded as any one-token decode.
             hit, computed = kv.get_computed_blocks(state, request)
-            need = request.num_tokens - computed
-            padded = False
-            # Scheduler.schedule's pad_spec_decode: a new one-token decode joins a decode
-            # batch at the uniform width 1 + K (real drafts or placeholders).
-            if (
-                k > 0
-                and need == 1
-                and not step.prefill_scheduled
-                and (running_scheduled or computed > 0)
-                and computed + 1 + k + NUM_SAMPLED_PER_STEP <= self.config.max_model_len
-            ):
-                if 1 + k > room:
-                    break  # vLLM prefers not scheduling it to scheduling it unpadded
-                need = 1 + k
-                padded = True
-            if 0 < threshold < need:
-                need = threshold
-            if not self.config.enable_chunked_prefill and need > room:
+            granted = self._waiting_tokens(step, request, computed, threshold, running_scheduled)
+            if granted is None:
                 break
-            q = rules.grant(step.token_budget, step.input_budget, need)
-            if q < need:
-                self._count_cut(step, step.token_budget, q)
+            q, padded = granted
             if q <= 0:
-                # Unreachable in the subset (the loop guard leaves room >= 1); mirrored for
-                # the branch's sake.
+                # Unreachable in the subset before the lookahead (the loop guard leaves
+                # room >= 1); mirrored for the branch's sake.
                 if self.release.requeues_unscheduled_waiting:
                     # So that it does not stall the ones behind it.
-                    skipped.append(self._pop_waiting(request.request_id))
-                    continue
-                break
-            if split is not None:
-                # Mamba align: the chunk ends where a state is cached, before its charge
-                # (a cache hit's end is where the chunk starts).
-                q = split(request, computed, q)
-                if q == 0:
-                    break
-                if padded and q != 1 + k:
-                    # vLLM drops the padding rather than shorten it.
-                    q, padded = 1, False
-            q = self._reserve_prefill_lookahead(request.num_tokens - computed, q)
-            if q <= 0:
-                # Left no tokens by the lookahead: handled as a request granted none.
-                if self.release.requeues_unscheduled_waiting:
                     skipped.append(self._pop_waiting(request.request_id))
                     continue
                 break
@@ -623,32 +598,87 @@ class Scheduler:
                 state, request, q, hit
             ):
                 break
-            # vLLM asserts it only once allocate_slots has succeeded: with a pool too short
-            # for the cut request it just stops the waiting loop, above.
-            if padded and q != 1 + k:
-                raise UnmirroredVllmCrash(
-                    "padded-decode-cut-by-long-prefill-threshold",
-                    "vLLM's Scheduler.schedule asserts a padded spec-decode request keeps"
-                    f" 1 + K = {1 + k} tokens, but long_prefill_token_threshold cut request"
-                    f" {request.request_id!r} to {q}",
-                )
-
-            self._pop_waiting(request.request_id)
-            state.running.append(request.request_id)
-            if computed:
-                self._count_hit(request, computed)
-            request.status = RUNNING
-            request.num_computed_tokens = computed
-            # The policy's charge for q tokens, and the book's entry of it.
-            step.token_budget, step.input_budget, _ = rules.take(
-                step.token_budget, step.input_budget, q
-            )
-            step.scheduled[request.request_id] = q
-            if padded:
-                step.spec[request.request_id] = k
-                step.padded.append(request.request_id)
+            self._admit(step, request, computed, q, padded)
         # Requests skipped this step go back to the front, in their order.
         state.waiting[:0] = skipped
+
+    def _waiting_tokens(
+        self,
+        step: OpenStep,
+        request: RequestState,
+        computed: int,
+        threshold: int,
+        running_scheduled: bool,
+    ) -> tuple[int, bool] | None:
+        """The tokens a waiting request gets this step before its KV allocation, and
+        whether they are a padded decode (None: the waiting loop stops here)."""
+        rules, k = self.rules, self.num_spec_tokens
+        room = rules.room(step.token_budget, step.input_budget)
+        need = request.num_tokens - computed
+        padded = False
+        # Scheduler.schedule's pad_spec_decode: a new one-token decode joins a decode
+        # batch at the uniform width 1 + K (real drafts or placeholders).
+        if (
+            k > 0
+            and need == 1
+            and not step.prefill_scheduled
+            and (running_scheduled or computed > 0)
+            and computed + 1 + k + NUM_SAMPLED_PER_STEP <= self.config.max_model_len
+        ):
+            if 1 + k > room:
+                return None  # vLLM prefers not scheduling it to scheduling it unpadded
+            need, padded = 1 + k, True
+        if 0 < threshold < need:
+            need = threshold
+        if not self.config.enable_chunked_prefill and need > room:
+            return None
+        q = rules.grant(step.token_budget, step.input_budget, need)
+        if q < need:
+            self._count_cut(step, step.token_budget, q)
+        if q <= 0:
+            return q, padded
+        split = self.kv.block_aligned_split()
+        if split is not None:
+            # Mamba align: the chunk ends where a state is cached, before its charge
+            # (a cache hit's end is where the chunk starts).
+            q = split(request, computed, q)
+            if q == 0:
+                return None
+            if padded and q != 1 + k:
+                # vLLM drops the padding rather than shorten it.
+                q, padded = 1, False
+        # Left no tokens by the lookahead: handled as a request granted none.
+        return self._reserve_prefill_lookahead(request.num_tokens - computed, q), padded
+
+    def _admit(
+        self, step: OpenStep, request: RequestState, computed: int, q: int, padded: bool
+    ) -> None:
+        """A waiting request scheduled ``q`` tokens from its ``computed`` ones, its KV
+        slots allocated: it runs, and the policy charges it."""
+        k = self.num_spec_tokens
+        # vLLM asserts it only once allocate_slots has succeeded: with a pool too short for
+        # the cut request it just stops the waiting loop.
+        if padded and q != 1 + k:
+            raise UnmirroredVllmCrash(
+                "padded-decode-cut-by-long-prefill-threshold",
+                "vLLM's Scheduler.schedule asserts a padded spec-decode request keeps"
+                f" 1 + K = {1 + k} tokens, but long_prefill_token_threshold cut request"
+                f" {request.request_id!r} to {q}",
+            )
+        self._pop_waiting(request.request_id)
+        self.state.running.append(request.request_id)
+        if computed:
+            self._count_hit(request, computed)
+        request.status = RUNNING
+        request.num_computed_tokens = computed
+        # The policy's charge for q tokens, and the book's entry of it.
+        step.token_budget, step.input_budget, _ = self.rules.take(
+            step.token_budget, step.input_budget, q
+        )
+        step.scheduled[request.request_id] = q
+        if padded:
+            step.spec[request.request_id] = k
+            step.padded.append(request.request_id)
 
     def _reserve_prefill_lookahead(self, num_left: int, q: int) -> int:
         """vLLM's ``_reserve_prefill_lookahead``, for both scheduling loops: of ``num_left``
@@ -707,31 +737,9 @@ class Scheduler:
         state, requests = self.state, self.state.requests
         last = state.num_steps - 1
         step = last if event.step is None else event.step
-        # One output per step: a second one for the same step finds nothing in flight.
-        answered = state.in_flight.pop(step, None)
-        scheduled, spec = (answered.scheduled, answered.spec) if answered else ({}, {})
-        sampled = event.num_sampled
-        if not sampled.keys() <= scheduled.keys():
-            stray = next(rid for rid in sampled if rid not in scheduled)
-            which = "the last step" if event.step is None else f"step {step}"
-            raise InvalidEvent(f"model output for {stray!r}, not scheduled in {which}")
-        kv_manager = self.kv
-        caching = kv_manager.enable_caching
-        if caching:
-            kv_manager.check_output(state, event)
-        stopped = event.stopped
-        for rid, kept in stopped.items() if stopped else ():
-            if not 1 <= kept <= sampled.get(rid, 0):
-                raise InvalidEvent(
-                    f"request {rid!r} stopped at token {kept} of {sampled.get(rid, 0)} sampled"
-                )
+        scheduled, spec = self._answered(event, step)
         stale = self._leave_flight(scheduled)
-        # Only a scheduler that schedules ahead holds output placeholders to resolve: the
-        # one-step-at-a-time loop spares the call.
-        resolves_placeholders = self.schedules_ahead
-        caches_verified_output = self._caches_verified_output
-        max_model_len = self.config.max_model_len
-        for rid, num_sampled in sampled.items():
+        for rid, num_sampled in event.num_sampled.items():
             num_spec = spec.get(rid, 0)
             if not 0 <= num_sampled <= 1 + num_spec:
                 raise InvalidEvent(
@@ -747,53 +755,91 @@ class Scheduler:
                 # Its positions may be scheduled again already: the output is dropped.
                 self.observed["stale_output_dropped"] += 1
                 continue
-            if num_spec and not is_stale:
-                # A stale rejection count predates the preemption's reset: not applied.
-                rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
-                if request.num_computed_tokens > 0:
-                    request.num_computed_tokens -= rejected
-                if request.num_output_placeholders > 0:
-                    request.num_output_placeholders -= rejected
-            # The tokens are appended one by one, each followed by
-            # vllm.v1.core.sched.utils.check_stop: a stop token first, then the length
-            # rule, stop after the first i >= 1 appended tokens with
-            # prompt_len + output + i >= max_model_len or output + i >= max_tokens.
-            output = request.num_output_tokens
-            stop_after = request.max_tokens - output
-            to_max_model_len = max_model_len - request.prompt_len - output
-            if to_max_model_len < stop_after:
-                stop_after = to_max_model_len
-            if stop_after < 1:
-                stop_after = 1
-            status = None
-            appended = num_sampled
-            if stopped and 0 < (natural := stopped.get(rid, 0)) <= stop_after:
-                appended, status = natural, FINISHED_STOPPED
-                self.observed["natural_stop"] += 1
-            elif stop_after <= num_sampled:
-                appended, status = stop_after, FINISHED_LENGTH
-            request.num_output_tokens = output + appended
-            if caching:
-                kv_manager.append_output(request, event, appended)
-            if resolves_placeholders:
-                self._update_request_with_output(request, appended, num_sampled, is_stale)
-            if caches_verified_output and not is_stale and request.status == RUNNING:
-                # The blocks a running request's verified tokens complete are cached as its
-                # output comes (before a stop frees them), not only at its next
-                # allocation; a stop first takes the tokens after it out of the computed.
-                verified = (
-                    request.num_computed_tokens
-                    - request.num_in_flight_tokens
-                    - (num_sampled - appended)
-                )
-                # kv's promise (RequestState.kv_slots_covered): no block within it is
-                # left to cache, so most outputs skip the call.
-                if verified > request.kv_slots_covered:
-                    kv_manager.cache_blocks(state, request, verified)
-            if status is not None:
-                self._finish(rid, status)
+            self._apply_output(event, request, num_sampled, num_spec, is_stale)
         if step == last:
             state.last_padded = []
+
+    def _answered(
+        self, event: ModelOutput, step: int
+    ) -> tuple[Mapping[str, int], Mapping[str, int]]:
+        """The tokens and drafts scheduled in the step ``event`` answers, once the event
+        is checked against them. One output per step: a second one for the same step
+        finds nothing in flight."""
+        answered = self.state.in_flight.pop(step, None)
+        scheduled, spec = (answered.scheduled, answered.spec) if answered else ({}, {})
+        sampled = event.num_sampled
+        if not sampled.keys() <= scheduled.keys():
+            stray = next(rid for rid in sampled if rid not in scheduled)
+            which = "the last step" if event.step is None else f"step {step}"
+            raise InvalidEvent(f"model output for {stray!r}, not scheduled in {which}")
+        if self.kv.enable_caching:
+            self.kv.check_output(self.state, event)
+        for rid, kept in event.stopped.items() if event.stopped else ():
+            if not 1 <= kept <= sampled.get(rid, 0):
+                raise InvalidEvent(
+                    f"request {rid!r} stopped at token {kept} of {sampled.get(rid, 0)} sampled"
+                )
+        return scheduled, spec
+
+    def _apply_output(
+        self,
+        event: ModelOutput,
+        request: RequestState,
+        num_sampled: int,
+        num_spec: int,
+        is_stale: bool,
+    ) -> None:
+        """One request's ``num_sampled`` tokens of ``event`` applied: its rejected drafts
+        rolled back, the tokens appended up to a stop, its blocks cached as they come."""
+        kv_manager, rid = self.kv, request.request_id
+        if num_spec and not is_stale:
+            # A stale rejection count predates the preemption's reset: not applied.
+            rejected = num_spec - (num_sampled - NUM_SAMPLED_PER_STEP)
+            if request.num_computed_tokens > 0:
+                request.num_computed_tokens -= rejected
+            if request.num_output_placeholders > 0:
+                request.num_output_placeholders -= rejected
+        # The tokens are appended one by one, each followed by
+        # vllm.v1.core.sched.utils.check_stop: a stop token first, then the length rule,
+        # stop after the first i >= 1 appended tokens with
+        # prompt_len + output + i >= max_model_len or output + i >= max_tokens.
+        output = request.num_output_tokens
+        stop_after = request.max_tokens - output
+        to_max_model_len = self.config.max_model_len - request.prompt_len - output
+        if to_max_model_len < stop_after:
+            stop_after = to_max_model_len
+        if stop_after < 1:
+            stop_after = 1
+        status = None
+        appended = num_sampled
+        stopped = event.stopped
+        if stopped and 0 < (natural := stopped.get(rid, 0)) <= stop_after:
+            appended, status = natural, FINISHED_STOPPED
+            self.observed["natural_stop"] += 1
+        elif stop_after <= num_sampled:
+            appended, status = stop_after, FINISHED_LENGTH
+        request.num_output_tokens = output + appended
+        if kv_manager.enable_caching:
+            kv_manager.append_output(request, event, appended)
+        # Only a scheduler that schedules ahead holds output placeholders to resolve: the
+        # one-step-at-a-time loop spares the call.
+        if self.schedules_ahead:
+            self._update_request_with_output(request, appended, num_sampled, is_stale)
+        if self._caches_verified_output and not is_stale and request.status == RUNNING:
+            # The blocks a running request's verified tokens complete are cached as its
+            # output comes (before a stop frees them), not only at its next allocation; a
+            # stop first takes the tokens after it out of the computed.
+            verified = (
+                request.num_computed_tokens
+                - request.num_in_flight_tokens
+                - (num_sampled - appended)
+            )
+            # kv's promise (RequestState.kv_slots_covered): no block within it is left to
+            # cache, so most outputs skip the call.
+            if verified > request.kv_slots_covered:
+                kv_manager.cache_blocks(self.state, request, verified)
+        if status is not None:
+            self._finish(rid, status)
 
     def _leave_flight(self, scheduled: Mapping[str, int]) -> Set[str]:
         """The answered step's tokens leave flight; returns the requests whose output is

@@ -2,13 +2,14 @@
 # The test job: lint, types, the import contracts, the core suite (spec, reference, proofs,
 # traces, packaging), the spec's mutants, the built wheel on the other supported Pythons
 # (3.12 and 3.13: installed as a user installs it, then a smoke set), then inside each real
-# vLLM release (one per requirements/vllm-*.lock) the live suite, a seeded lockstep fuzz
-# (on the newest release, then the same fuzz on a local Ray, whose JSON must equal it),
-# `dualbudget check` on a copy of the release's Python sources given as a tree under
-# review (--vllm-src), the benchmark on the newest (its ratio printed, never asserted) and
-# `dualbudget mutate` (budget bugs planted in vLLM's scheduler: every one killed or equivalent with
-# its reason, see docs/mutate.md). Installs everything it needs (virtual environments under the repository
-# root, from the lock files under requirements/).
+# vLLM release (one per requirements/vllm-*.lock) the live suite, `dualbudget check` on a
+# copy of the release's Python sources given as a tree under review (--vllm-src: the
+# proofs and a seeded lockstep fuzz) and `dualbudget mutate` (budget bugs planted in
+# vLLM's scheduler: every one killed or equivalent with its reason, see docs/mutate.md);
+# on the newest release also the same fuzz against the installed vLLM, once locally and
+# once on a local Ray (whose JSON must equal it), and the benchmark (its ratio printed,
+# never asserted). Installs everything it needs (virtual environments under the
+# repository root, from the lock files under requirements/).
 # Under CI=true (.ci/run sets it) a skipped test fails its run (tests/conftest.py), and so
 # does a run that collects no test (pytest's exit code 5 stops this script like any other).
 set -euo pipefail
@@ -63,12 +64,14 @@ for version in $(vllm_releases); do
   ensure_vllm_env "$version"
   stage "live tests against vLLM $version"
   ".venv-vllm-$version/bin/pytest" -m live $live_parallel --durations=12 tests
-  stage "lockstep fuzz against vLLM $version (seed 1)"
-  ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 \
-    --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"
   if [ "$version" = "$newest" ]; then
-    # The executor seam is the same code under every release: compared once, on the
-    # newest, whose Ray workers import the slowest vLLM.
+    # Every release's seeded fuzz runs inside `check --vllm-src` below, on a copy of the
+    # same sources at the same seed and examples; the installed vLLM's own run is kept
+    # for the newest, whose JSON the Ray run must equal. The executor seam is the same
+    # code under every release, and the live suite compares it at 20 examples in each.
+    stage "lockstep fuzz against vLLM $version (seed 1)"
+    ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 \
+      --json "out/fuzz-$version.json" --out-dir "out/divergences-$version"
     stage "the same fuzz on a local Ray: the same JSON as the local run, timings aside"
     # One --out-dir for both: the scenario files' paths are part of the JSON compared.
     ".venv-vllm-$version/bin/dualbudget" fuzz --examples 200 --seed 1 --executor ray \
@@ -79,8 +82,10 @@ for version in $(vllm_releases); do
   stage "dualbudget check --vllm-src on a copy of vLLM $version's Python sources"
   src=$(mktemp -d)
   ".venv-vllm-$version/bin/python" -m tests.vllm_trees "$src" > /dev/null
+  # The fuzz at the plain fuzz's seed and examples, uncapped: its steps never depend on
+  # the machine's speed.
   ".venv-vllm-$version/bin/dualbudget" check --vllm-src "$src" \
-    --out-dir "out/check-src-$version" --junit "out/check-src-$version.xml"
+    --fuzz-examples 200 --seed 1 --fuzz-seconds 0 --out-dir "out/check-src-$version" --junit "out/check-src-$version.xml"
   rm -rf "$src"
   if [ "$version" = "$newest" ]; then
     # A speed figure, printed, never asserted: the newest release's serves (the live suite

@@ -4,7 +4,9 @@ vLLM without the plant and diverges with it, in every release it is run against.
 
 The scenarios (``planted_scenarios/NAME.json``) were written by the seeded fuzz that
 first found each plant; a test that drives them depends on what the reference and vLLM
-decide on them, not on which examples a fuzz seed draws.
+decide on them, not on which examples a fuzz seed draws. The ``books-ITEM`` scenarios
+beside them reach the state a planted break of a book item shows in
+(``test_books_live.py``).
 """
 
 from __future__ import annotations
