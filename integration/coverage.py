@@ -236,7 +236,7 @@ COVERAGE: tuple[CoverageEvent, ...] = (
         "A sliding-window (or chunked-local) group freeing the blocks that fell out of its"
         " window: the hybrid aim draws windows of one or two blocks beside full attention,"
         " and every decode past them frees one. Every method of the table builds the aim's"
-        " layouts in both releases (tests/test_hybrid_live.py builds each).",
+        " layouts in both releases (tests/live/test_hybrid_live.py builds each).",
     ),
     CoverageEvent(
         "mamba_aligned_split",

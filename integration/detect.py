@@ -9,7 +9,7 @@ the same event stream in lockstep. A profile matches when the scheduler decides 
 does on every scenario; each profile that does not is reported with the first scenario
 it fails and how. The scenarios separate every pair of profiles that
 ``proofs.same_decisions`` does not prove equal on a layout
-(tests/test_detect_decisions.py), so more than one match is a class of profiles that
+(tests/unit/test_detect_decisions.py), so more than one match is a class of profiles that
 decide alike, reported as one. No match is a result too (``profile`` None, with the
 report), never an exception: what a command does without a profile is its own choice
 (``integration.commands.choose_profile``).

@@ -22,7 +22,7 @@ own calls between steps, ``reset_prefix_cache`` and ``set_pause_state``, are rec
 it makes them.
 
 The recorder only reads: every call goes to vLLM's own method unchanged, and what it
-writes is taken from the arguments and results (``tests/test_recorder_live.py`` runs one
+writes is taken from the arguments and results (``tests/live/test_recorder_live.py`` runs one
 workload with and without it and compares every decision).
 
 vLLM is imported lazily: the classes are built on first attribute access, which is how

@@ -108,7 +108,7 @@ def serve(subject: Subject, p: StepParams, lane: Lane, need: Num) -> tuple[Lane,
 @dataclass(frozen=True)
 class Relation:
     """Which strengthenings of the plain relation ``R_M`` are on. The proof uses them all
-    (``Relation()``); ``tests/test_proofs_dominance.py`` switches each off to show which
+    (``Relation()``); ``tests/unit/test_proofs_dominance.py`` switches each off to show which
     pair needs it (the table of ``proofs/strengthenings.py``)."""
 
     count_nonnegative: bool = True

@@ -93,7 +93,7 @@ BRANCHES = {
 order holds them all (pr-52996 changes DSpark only, so on DFlash it is vllm-0.32)."""
 C6_QUEUE = 8
 """The queue length of C6's witness search and of the bounded cross-check of the proof
-(tests/test_proofs_dominance.py); the proof itself holds for queues of any length."""
+(tests/unit/test_proofs_dominance.py); the proof itself holds for queues of any length."""
 C5_WITNESS_QUEUE = 3
 OWN_PASS_LAYOUTS = ("dflash", "dspark-anchor", "dspark-fill-in")
 

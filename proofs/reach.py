@@ -25,7 +25,7 @@ verify) or whether it needs smaller requests (new prompts, prefill chunks). A re
 scenario is then built at one config of the region: one step of requests arriving
 together (prompts of the needed sizes, which vLLM schedules in FCFS order in their first
 step), checked by running the spec's FCFS step on ints (``model.fcfs_step``), as the
-witnesses are; ``tests/test_reach.py`` replays each through the reference and the live
+witnesses are; ``tests/unit/test_reach.py`` replays each through the reference and the live
 tests through vLLM.
 """
 

@@ -3,7 +3,7 @@
 The proof turns every strengthening on (``dominance.Relation()``), so that one relation
 serves every pair. This table says which of them each (link, layout) needs: the plain
 relation holds with exactly these on, and with any one of them off it does not
-(tests/test_proofs_dominance.py decides both for every row). proofs/README.md renders it
+(tests/unit/test_proofs_dominance.py decides both for every row). proofs/README.md renders it
 (scripts/render_docs.py).
 """
 

@@ -193,7 +193,7 @@ def fit_exactly(runs: Sequence[PublishedRun], draft_per_target: float) -> StepTi
 # max_num_batched_tokens=128, max_num_seqs=16, DSpark K=7, 4096 requests of 64 prompt and
 # 512 output tokens at concurrency 4096), as published for the DSpark budget proposal; the
 # totals are this simulator's for `dspark-bench` at seed 0 under the same profile
-# (tests/test_calibration.py re-simulates them).
+# (tests/unit/test_calibration.py re-simulates them).
 DSPARK_QWEN3_8B_RUNS = (
     PublishedRun("vllm-0.32", 716.16, 2928.34, 9.38, 3.23, 75301, 5457936, 4729991),
     PublishedRun("dual", 586.69, 3574.55, 13.53, 3.24, 42795, 5465328, 4741002),

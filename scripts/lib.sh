@@ -32,7 +32,7 @@ pip_in() {
 }
 
 # The vLLM releases the live checks run against: one lock file each,
-# requirements/vllm-<release>.lock (tests/test_packaging.py holds them equal to the
+# requirements/vllm-<release>.lock (tests/unit/test_packaging.py holds them equal to the
 # release records of spec/releases.py).
 vllm_releases() {
   local lock

@@ -3,7 +3,7 @@
 A generated block is the text between ``<!-- NAME: generated from SOURCE ... -->`` and
 ``<!-- /NAME -->``. Its content is a function of the code (the contract of
 spec/contract.py, the method table of spec/methods.py, ...), so a document cannot drift
-from the code: ``tests/test_docs.py`` fails when a block differs from its rendering, and
+from the code: ``tests/unit/test_docs.py`` fails when a block differs from its rendering, and
 
     .venv/bin/python scripts/render_docs.py           # rewrite every block in place
     .venv/bin/python scripts/render_docs.py --check   # exit 1, naming the stale blocks
@@ -152,9 +152,9 @@ def profile_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-UNIT_TESTS = "tests/test_contract.py"
+UNIT_TESTS = "tests/unit/test_contract.py"
 """Each item's predicates on hand-worked cases, true and false."""
-REFERENCE_TESTS = "tests/test_contract_reference.py"
+REFERENCE_TESTS = "tests/worked/test_contract_reference.py"
 """Each item as the reference scheduler sees it, on a hand-worked step."""
 
 

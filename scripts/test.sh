@@ -53,7 +53,7 @@ assert "site-packages" in dualbudget.__file__, dualbudget.__file__
 print("dualbudget from", dualbudget.__file__, "on Python", sys.version.split()[0])'
   ".venv-py$python/bin/dualbudget" schedule examples/upstream-p-eagle.json > /dev/null
   ".venv-py$python/bin/dualbudget" prove --only C3 --witness-dir "out/smoke-$python/witnesses"
-  ".venv-py$python/bin/pytest" -m "not live" tests/test_contract*.py
+  ".venv-py$python/bin/pytest" -m "not live" tests/unit/test_contract.py tests/worked/test_contract_reference.py
 done
 stage "the smoke set on Python 3.12 and 3.13 took $((SECONDS - smoke_started)) s"
 
@@ -89,7 +89,7 @@ for version in $(vllm_releases); do
   rm -rf "$src"
   if [ "$version" = "$newest" ]; then
     # A speed figure, printed, never asserted: the newest release's serves (the live suite
-    # runs the bench on every release, tests/test_bench_live.py).
+    # runs the bench on every release, tests/live/test_bench_live.py).
     stage "steps/s of the reference and of vLLM $version (printed, not asserted)"
     ".venv-vllm-$version/bin/dualbudget" bench --json "out/bench-$version.json"
   fi

@@ -6,7 +6,7 @@ name and one sentence); the README, the proofs' README, the design document and 
 design-review report render their statements from it (``contract_markdown``), and a test
 fails when a rendered copy drifts. The predicates that state each item over ``arith`` (so
 that they run on ints in the reference and on z3 terms in the proofs) are in
-``invariants``, their docstrings opening with the item's id (tests/test_contract.py pins
+``invariants``, their docstrings opening with the item's id (tests/unit/test_contract.py pins
 each on hand-worked cases). Each obligation of the proofs names its item in its
 ``contract`` field; docs/design.md §2 maps every item to its predicates, obligations and
 tests, generated from those homes.

@@ -338,7 +338,7 @@ class DsparkQueryBudget(SeparateQueryBudget):
     from the separate draft-input budget, whatever its ``dspark_layout``; every other
     method keeps the release's additive charge. The thread's own cases (B = 16, K = 4): two
     8-token prefills get 8 each, five 1-token requests admit four
-    (``tests/test_upstream_profiles.py`` runs both through the reference).
+    (``tests/unit/test_upstream_profiles.py`` runs both through the reference).
     """
 
     name = "dspark-query-budget"

@@ -19,7 +19,7 @@ release profiles are the records' own ``profile_name`` with the record's
 ``budget_policy``; each proposal names the release it is checked on.
 
 The install scripts build one vLLM environment per ``requirements/vllm-<version>.lock``;
-tests/test_packaging.py checks that those lock files name exactly these records.
+tests/unit/test_packaging.py checks that those lock files name exactly these records.
 ``python -m dualbudget.spec.releases`` prints the known versions, one a line.
 """
 

@@ -1,6 +1,6 @@
 """Hand-worked event streams of async scheduling: each rule of vLLM's ``AsyncScheduler``
-pinned by one stream, run against the reference in tests/test_async_reference.py and
-against vLLM in tests/test_async_live.py.
+pinned by one stream, run against the reference in tests/worked/test_async_reference.py and
+against vLLM in tests/live/test_async_live.py.
 
 Each case lists the events and, for every ``ScheduleStep``, the decision worked out by
 hand from vLLM's code: the comments under each case give the arithmetic (``c`` computed

@@ -1,4 +1,4 @@
-"""A campaign's driver as its own process, for tests/test_campaign.py to kill: runs
+"""A campaign's driver as its own process, for tests/unit/test_campaign.py to kill: runs
 ``logged_square`` over ``units`` units kept in the campaign DIR (argv: DIR LOG UNITS)."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Hand-worked event streams of the engine's own calls on the scheduler: a prefix-cache
 reset that preempts the running requests, and a pause and resume. The reference runs them
-in tests/test_engine_calls.py, vLLM in lockstep with it in tests/test_engine_calls_live.py.
+in tests/worked/test_engine_calls.py, vLLM in lockstep with it in
+tests/live/test_engine_calls_live.py.
 
 The comments under each stream give the arithmetic from vLLM's code (``c`` computed
 tokens, ``ph`` output placeholders, ``t`` num_tokens).

@@ -1,7 +1,7 @@
 """KV-group cases worked by hand from vLLM's ``KVCacheManager``, its coordinators and
 ``single_type_kv_cache_manager.py``, as data: a layout of groups, an event stream, the
 decisions expected of its steps and the pool's free blocks after each.
-``tests/test_kv_groups_reference.py`` runs them through the reference; the same events can
+``tests/worked/test_kv_groups_reference.py`` runs them through the reference; the same events can
 be fed to the live vLLM, whose scheduler is built on the same groups (the numbers hold in
 0.32 and 0.33 but where a case names one release).
 

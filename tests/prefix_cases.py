@@ -1,6 +1,6 @@
 """Prefix-caching cases worked by hand from vLLM's KV cache manager, as data: each an
 event stream, the decisions expected of the steps worked, and what the pool holds at
-the end. ``tests/test_prefix_cache_reference.py`` runs them through the reference; the
+the end. ``tests/worked/test_prefix_cache_reference.py`` runs them through the reference; the
 same events can be fed to the live vLLM (their hand-worked numbers hold in both).
 
 Blocks of 4 tokens; block 0 is vLLM's null block, so a fresh pool's free queue is

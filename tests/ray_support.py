@@ -1,6 +1,6 @@
 """A local Ray with 2 CPUs, started once per test session and shared by the live tests
-that use it (tests/test_executor_ray_live.py, tests/test_campaign_live.py); they and the
-tests that start a Ray of their own (tests/test_sweep_ray_live.py) form one xdist group,
+that use it (tests/live/test_executor_ray_live.py, tests/live/test_campaign_live.py); they and the
+tests that start a Ray of their own (tests/live/test_sweep_ray_live.py) form one xdist group,
 ``RAY_GROUP``, so that one worker runs them and two Rays never share the machine's CPUs."""
 
 from __future__ import annotations

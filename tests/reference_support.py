@@ -22,7 +22,7 @@ SOUND_PAIRS = tuple(
 )
 """Every (profile, layout) pair the reference runs, but those whose C3 break the proofs
 expect (``proofs/manifest.toml``): there the reference reports the break by design
-(tests/test_reference_findings.py pins them)."""
+(tests/unit/test_reference_findings.py pins them)."""
 
 
 def speculative(layout: str, k: int) -> SpeculativeConfig | None:

@@ -1,6 +1,6 @@
 """How a live vLLM holds each row of the settings table at a value other than its default:
-the changes tests/test_settings_live.py makes to the objects vLLM built, and that
-tests/test_settings.py holds to the table, so that a new row without one fails outside
+the changes tests/live/test_settings_live.py makes to the objects vLLM built, and that
+tests/unit/test_settings.py holds to the table, so that a new row without one fails outside
 the vLLM environments too."""
 
 from __future__ import annotations
