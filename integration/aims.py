@@ -29,8 +29,8 @@ from typing import TypeVar
 import hypothesis.strategies as st
 from hypothesis.stateful import initialize
 
-from dualbudget.reference.kv import cdiv
-from dualbudget.reference.kv_coordinator import caching_modelled
+from dualbudget.reference.kv.blocks import cdiv
+from dualbudget.reference.kv.kinds import caching_modelled
 from dualbudget.spec.config import RETENTION_KINDS, EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams
@@ -231,7 +231,7 @@ class ConfigBounds:
     group, and nothing is drawn for it."""
     layout_caching: bool = False
     """Prefix caching drawn on (mostly) or off for a drawn layout whose every kind the
-    reference's coordinator models with caching (``kv_coordinator.caching_modelled``); off
+    reference's coordinator models with caching (``kv.kinds.caching_modelled``); off
     for others."""
 
 

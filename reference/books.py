@@ -21,7 +21,7 @@ from dualbudget.spec.books import (
     within_length,
 )
 
-from .kv import KVCacheManager
+from .kv.counting import KVCacheManager
 from .state import PREEMPTED, WAITING, SchedulerState
 
 Judge = Callable[[RequestBooks], bool]

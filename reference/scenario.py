@@ -44,7 +44,7 @@ from dualbudget.spec.scenario_format import (
 from dualbudget.spec.scenario_format import config_to_json as config_to_json
 
 from .events import PAUSE_STATES
-from .kv import cdiv, usable_blocks
+from .kv.blocks import cdiv, usable_blocks
 from .schemas import (
     FieldError,
     KVGroupJson,

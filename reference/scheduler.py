@@ -3,15 +3,15 @@ decision delegated to a ``spec`` policy.
 
 The subset: text-only requests, no LoRA, encoder, KV connector, structured output or
 pipeline parallelism; one full-attention KV group (prefix caching on or off: see
-``kv.py`` and docs/design.md §6) or several groups of the kinds ``kv_hybrid.py``
-models (prefix caching on as ``kv_hybrid_caching.py`` models it, or off), no
+``kv/`` and docs/design.md §6) or several groups of the kinds ``kv/kinds.py``
+maps (prefix caching on as ``kv/hybrid_caching.py`` models it, or off), no
 multi-module MTP (its prefill lookahead is then a
 no-op). Within it, one ``handle(event)`` call is
 one of vLLM's ``add_request``, ``schedule`` (with ``_update_after_schedule``),
 ``update_from_output``, ``update_draft_token_ids`` or ``finish_requests``. With
 ``config.async_scheduling`` the scheduler is ``AsyncScheduler`` (``async_scheduler.py``),
 as in vLLM a subclass that overrides the hooks of output placeholders and steps in flight;
-``make_scheduler`` picks the class for a config. Blocks are the KV manager's (``kv.py``).
+``make_scheduler`` picks the class for a config. Blocks are the KV manager's (``kv/``).
 
 Where vLLM's releases differ inside the subset, the branch reads a field of the
 profile's release record (``spec.releases``), never a version.
@@ -28,7 +28,7 @@ from dualbudget.spec.invariants import StepTotals, step_totals, step_violations
 from dualbudget.spec.policies import Ledger, StepParams
 from dualbudget.spec.profiles import Profile
 
-from . import books, kv
+from . import books
 from .budget_rules import BudgetRules
 from .events import (
     Abort,
@@ -42,7 +42,8 @@ from .events import (
     SetPauseState,
     StepRecord,
 )
-from .kv_coordinator import manager_for
+from .kv.blocks import initial_state
+from .kv.coordinator import manager_for
 from .state import (
     FINISHED,
     FINISHED_ABORTED,
@@ -56,7 +57,7 @@ from .state import (
 )
 from .violations import CHECK_MODES, CheckMode, ContractViolation, StepViolation
 
-# Re-exported: the crash is raised below the scheduler too (``kv_hybrid``).
+# Re-exported: the crash is raised below the scheduler too (``kv/hybrid.py``).
 from .violations import UnmirroredVllmCrash as UnmirroredVllmCrash
 
 # vLLM's ``num_sampled_tokens_per_step`` for a generative model: each scheduled step that
@@ -81,7 +82,7 @@ KV_GROUP_OBSERVED = (
     "hybrid_hit_cut",
     "hit_across_block_sizes",
 )
-"""The counters of the hybrid coordinator (``kv_hybrid``): blocks a sliding-window or
+"""The counters of the hybrid coordinator (``kv/hybrid.py``): blocks a sliding-window or
 chunked-local group freed as they fell out of its window, a chunk Mamba's ``align`` mode
 cut to a block boundary, a preemption under a pool of several groups, a request
 admitted with a prefix hit that another group cut short of one group's own hit, and one
@@ -245,7 +246,7 @@ class Scheduler:
 
     @staticmethod
     def initial_state(config: EngineConfig) -> SchedulerState:
-        return kv.initial_state(config)
+        return initial_state(config)
 
     def fork(self) -> Scheduler:
         """An independent scheduler at the same state (violations collected so far kept)."""

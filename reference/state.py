@@ -105,7 +105,7 @@ class RequestState:
     num_cached_blocks: int = 0
     """Prefix caching: how many of its first blocks are cached (``num_cached_block``)."""
     kv_groups: list[GroupBlocks] = field(default_factory=list)
-    """The hybrid coordinator (``kv_hybrid``): the request's block table in each group."""
+    """The hybrid coordinator (``kv/hybrid.py``): the request's block table in each group."""
 
     @property
     def num_tokens(self) -> int:

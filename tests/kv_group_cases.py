@@ -22,7 +22,7 @@ from dualbudget.reference.events import (
     ModelOutput,
     ScheduleStep,
 )
-from dualbudget.reference.kv_hybrid_caching import group_key
+from dualbudget.reference.kv.blocks import group_key
 from dualbudget.reference.prefix_cache import BlockPool
 from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig

@@ -10,8 +10,8 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 from unittest.mock import patch
 
-from dualbudget.reference.kv import KVCacheManager
-from dualbudget.reference.kv_hybrid import HybridKVCacheManager
+from dualbudget.reference.kv.counting import KVCacheManager
+from dualbudget.reference.kv.hybrid import HybridKVCacheManager
 from dualbudget.reference.state import RequestState, SchedulerState
 
 

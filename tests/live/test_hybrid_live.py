@@ -16,17 +16,16 @@ from dualbudget.integration.aims import AIMS
 from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import DivergenceFound, Lockstep, MirroredCrash
 from dualbudget.integration.testing import installed_layouts
-from dualbudget.reference import kv_coordinator
 from dualbudget.reference.deployments import DEPLOYMENTS
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
-from dualbudget.reference.kv_coordinator import lookup_types
-from dualbudget.reference.kv_hybrid import HybridKVCacheManager
-from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
-from dualbudget.reference.kv_single_type import SlidingWindowManager
+from dualbudget.reference.kv import coordinator as kv_coordinator
+from dualbudget.reference.kv.coordinator import lookup_types
+from dualbudget.reference.kv.hybrid import HybridKVCacheManager
+from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
+from dualbudget.reference.kv.sliding_window import SlidingWindowManager
 from dualbudget.reference.scenario import Scenario
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED
 from dualbudget.reference.settings import first_unreplayed
-from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.profiles import profile_named
@@ -134,7 +133,7 @@ def test_a_group_beside_another_block_size_finds_the_hit_vllm_finds(
 
     from dualbudget.integration.live import kv_cache_spec_of
     from dualbudget.reference.async_scheduler import make_scheduler
-    from dualbudget.reference.kv_hybrid_caching import group_key
+    from dualbudget.reference.kv.blocks import group_key
 
     other = KVGroup("full_attention", 8 if group.block_size == 4 else 4)
     config = kv_group_cases.config(40, group, other, enable_prefix_caching=True)
@@ -717,14 +716,7 @@ def test_groups_of_one_spec_looked_up_apart_are_found_where_a_hit_drops_a_block(
         assert planted_divergence(planted_scenario("looked-up-apart", profile), plant) is None
 
 
-def _every_block_retained(
-    self: HybridPrefixCachingKVCacheManager,
-    request: RequestState,
-    index: int,
-    group: SlidingWindowManager,
-    start: int,
-    end: int,
-) -> list[bool] | None:
+def _every_block_retained(self: SlidingWindowManager, *args: object) -> list[bool] | None:
     return None
 
 
@@ -736,7 +728,7 @@ def test_a_planted_dense_retention_is_found_on_its_scenario(
     replay or a junction resumes at) is found."""
 
     def plant() -> None:
-        monkeypatch.setattr(HybridPrefixCachingKVCacheManager, "retained", _every_block_retained)
+        monkeypatch.setattr(SlidingWindowManager, "reachable_block_mask", _every_block_retained)
 
     # A shared prefix cached under retention 0.
     found = _planted_is_found("dense-retention", profile, plant, "decision", 5)

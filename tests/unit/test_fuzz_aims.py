@@ -20,7 +20,7 @@ from dualbudget.integration.aims import (
     reserve,
 )
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.kv_coordinator import caching_modelled
+from dualbudget.reference.kv.kinds import caching_modelled
 from dualbudget.spec.config import RETENTION_KINDS, ConfigError, EngineConfig, check_engine_config
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named

@@ -8,7 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dualbudget.reference.kv import KVCacheManager, PrefixCachingKVCacheManager
+from dualbudget.reference.kv.counting import KVCacheManager
+from dualbudget.reference.kv.prefix_caching import PrefixCachingKVCacheManager
 from dualbudget.reference.prefix_cache import BlockPool, HitRule
 from dualbudget.reference.state import RequestState, SchedulerState
 

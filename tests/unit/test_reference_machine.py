@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.driver import EventDriver
 from dualbudget.reference.events import PAUSE_STATES, StepRecord
-from dualbudget.reference.kv import cdiv
+from dualbudget.reference.kv.blocks import cdiv
 from dualbudget.reference.scenario import RequestSpec
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import RequestState

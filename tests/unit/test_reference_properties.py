@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from dualbudget.reference.driver import ScenarioRun, drive
 from dualbudget.reference.events import Event, StepRecord
-from dualbudget.reference.kv import cdiv
+from dualbudget.reference.kv.blocks import cdiv
 from dualbudget.reference.scenario import Scenario, parse_scenario
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import SchedulerState

@@ -127,7 +127,7 @@ RETENTION = next(s for s in SETTINGS if s.name == "prefix_cache_retention_interv
 @pytest.mark.parametrize("value", [None, 0, 64])
 def test_the_recorded_retention_reaches_the_replayed_config(tmp_path: Path, value: Any) -> None:
     """The header's value is the engine config's, which the sliding-window group's
-    caching reads (``kv_hybrid_caching.retained``), and is written back to the header
+    caching reads (``SlidingWindowManager.reachable_block_mask``), and is written back to the header
     only."""
     trace = read_trace(with_setting(tmp_path, RETENTION, value))
     assert trace.header.config.prefix_cache_retention_interval == value

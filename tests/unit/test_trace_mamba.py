@@ -12,8 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from dualbudget import TRACES
-from dualbudget.reference import kv_coordinator
-from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
+from dualbudget.reference.kv import coordinator as kv_coordinator
+from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
+from dualbudget.reference.kv.mamba import MambaAlignManager
 from dualbudget.reference.replay import replay_trace
 from dualbudget.reference.trace import read_trace
 from dualbudget.spec.releases import RELEASE_VERSIONS
@@ -80,13 +81,21 @@ def _never_pending(self: HybridPrefixCachingKVCacheManager, state: object, hits:
     return False
 
 
-def _dense(self: HybridPrefixCachingKVCacheManager, *args: object) -> None:
+def _dense(self: MambaAlignManager, *args: object) -> None:
     return None
 
 
-PLANTS: dict[str, tuple[str, Callable[..., object]]] = {
-    "a hit on a state cached this step no longer waits": ("_hit_state_pending", _never_pending),
-    "the Mamba group caches every state (retention None)": ("mamba_retained", _dense),
+PLANTS: dict[str, tuple[type, str, Callable[..., object]]] = {
+    "a hit on a state cached this step no longer waits": (
+        HybridPrefixCachingKVCacheManager,
+        "_hit_state_pending",
+        _never_pending,
+    ),
+    "the Mamba group caches every state (retention None)": (
+        MambaAlignManager,
+        "reachable_block_mask",
+        _dense,
+    ),
 }
 
 
@@ -95,9 +104,9 @@ PLANTS: dict[str, tuple[str, Callable[..., object]]] = {
 def test_a_mamba_rule_taken_out_diverges(
     monkeypatch: pytest.MonkeyPatch, plant: str, version: str
 ) -> None:
-    name, replacement = PLANTS[plant]
+    owner, name, replacement = PLANTS[plant]
     assert first_divergence(version) is None
-    monkeypatch.setattr(HybridPrefixCachingKVCacheManager, name, replacement)
+    monkeypatch.setattr(owner, name, replacement)
     assert first_divergence(version) is not None
 
 

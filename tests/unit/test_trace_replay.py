@@ -314,7 +314,7 @@ def test_a_window_that_frees_a_block_late_is_found_by_the_pool_first(
     """A planted difference in the reference's sliding-window release: the pools tell it at
     the first step the reference holds a block vLLM's window freed, where the same trace
     without its pools (version 3) tells it only once the short pool moves a decision."""
-    from dualbudget.reference.kv_single_type import SlidingWindowManager
+    from dualbudget.reference.kv.sliding_window import SlidingWindowManager
 
     released = SlidingWindowManager.num_skipped_tokens
 

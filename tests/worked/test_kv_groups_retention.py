@@ -1,6 +1,6 @@
 """Which full blocks a sliding-window group caches under vLLM's
-``prefix_cache_retention_interval`` (``HybridPrefixCachingKVCacheManager.retained``,
-vLLM's ``SlidingWindowManager.reachable_block_mask``), worked by hand; the whole-run
+``prefix_cache_retention_interval`` (``SlidingWindowManager.reachable_block_mask``,
+mirroring vLLM's method of that name), worked by hand; the whole-run
 cases are in ``tests/kv_group_cases.py``, live in both releases."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 import pytest
 
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.kv_coordinator import manager_for
-from dualbudget.reference.kv_hybrid_caching import HybridPrefixCachingKVCacheManager
-from dualbudget.reference.kv_single_type import SlidingWindowManager
+from dualbudget.reference.kv.coordinator import manager_for
+from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
+from dualbudget.reference.kv.sliding_window import SlidingWindowManager
 from dualbudget.reference.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import ConfigError, KVGroup, check_engine_config
@@ -54,7 +54,7 @@ def kept(mask: list[bool] | None, start: int = 0) -> list[int] | None:
 
 def test_dense_retention_caches_every_block() -> None:
     hybrid, window = manager(None)
-    assert hybrid.retained(RequestState("r", 30, 1), 0, window, 0, 7) is None
+    assert window.reachable_block_mask(hybrid, RequestState("r", 30, 1), 0, 0, 7) is None
 
 
 def test_retention_0_keeps_the_tail_a_resend_hits() -> None:
@@ -63,9 +63,9 @@ def test_retention_0_keeps_the_tail_a_resend_hits() -> None:
     hybrid, window = manager(0)
     request = RequestState("r", 30, 1)
     assert hybrid.replay_boundaries(30) == (29,)
-    assert kept(hybrid.retained(request, 0, window, 0, 7)) == [5, 6]
+    assert kept(window.reachable_block_mask(hybrid, request, 0, 0, 7)) == [5, 6]
     # A later call caches from where the last one stopped.
-    assert kept(hybrid.retained(request, 0, window, 6, 7), start=6) == [6]
+    assert kept(window.reachable_block_mask(hybrid, request, 0, 6, 7), start=6) == [6]
 
 
 def test_retention_0_with_a_drop_keeps_the_tails_one_block_on() -> None:
@@ -78,7 +78,7 @@ def test_retention_0_with_a_drop_keeps_the_tails_one_block_on() -> None:
     # 32 tokens: a resend lands at 28 - 4 = 24, a sibling at 32 - 4 = 28.
     assert hybrid.replay_boundaries(32) == (24, 28)
     request = RequestState("r", 32, 1)
-    assert kept(hybrid.retained(request, 0, window, 0, 8)) == [4, 5, 6, 7]
+    assert kept(window.reachable_block_mask(hybrid, request, 0, 0, 8)) == [4, 5, 6, 7]
 
 
 def test_a_positive_interval_keeps_one_tail_per_segment() -> None:
@@ -86,7 +86,7 @@ def test_a_positive_interval_keeps_one_tail_per_segment() -> None:
     replay boundary's tail (blocks 7, 8 for a 37-token prompt: 36 // 4 = 9)."""
     hybrid, window = manager(16)
     request = RequestState("r", 37, 1)
-    assert kept(hybrid.retained(request, 0, window, 0, 9)) == [2, 3, 6, 7, 8]
+    assert kept(window.reachable_block_mask(hybrid, request, 0, 0, 9)) == [2, 3, 6, 7, 8]
 
 
 def test_the_junction_tail_is_kept_and_0_33_keeps_the_one_below_too() -> None:
@@ -101,7 +101,7 @@ def test_the_junction_tail_is_kept_and_0_33_keeps_the_one_below_too() -> None:
         hybrid, window = manager(0, method="eagle", release=release)
         hybrid = dataclasses.replace(hybrid, drop_groups=(True, True))
         hybrid.junctions["r"] = 20
-        assert kept(hybrid.retained(request, 0, window, 0, 10)) == expected, release
+        assert kept(window.reachable_block_mask(hybrid, request, 0, 0, 10)) == expected, release
 
 
 @pytest.mark.parametrize(("retention", "junction"), [(None, 0), (0, 16)])

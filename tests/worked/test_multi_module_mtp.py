@@ -97,7 +97,7 @@ def test_a_sibling_hits_only_the_finalized_blocks(profile: str) -> None:
 
 def test_a_sliding_window_keeps_the_reprefillable_tokens() -> None:
     """SlidingWindowSpec.extra_retained_tokens: K - 1 tokens past the window are kept."""
-    from dualbudget.reference.kv_single_type import single_type_manager
+    from dualbudget.reference.kv.kinds import single_type_manager
 
     window = KVGroup("sliding_window", 4, sliding_window=4)
     config = mtp_config(3, kv_groups=(window, KVGroup("full_attention", 4)))

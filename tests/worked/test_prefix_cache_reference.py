@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from dualbudget.reference.events import AddRequest, Event, ModelOutput, ScheduleStep, StepRecord
-from dualbudget.reference.kv import KVCacheManager, PrefixCachingKVCacheManager
+from dualbudget.reference.kv.counting import KVCacheManager
+from dualbudget.reference.kv.prefix_caching import PrefixCachingKVCacheManager
 from dualbudget.reference.prefix_cache import BlockPool, HitRule, hash_blocks
 from dualbudget.reference.scheduler import PREFIX_OBSERVED, Scheduler
 from dualbudget.reference.state import SchedulerState

@@ -1,9 +1,11 @@
 """Which KV manager runs a config: vLLM's ``get_kv_cache_coordinator``.
 
-One full-attention group (MLA alike) keeps the single-group managers of ``kv.py``, whose
-counts the shipped traces replay; any other layout runs on the hybrid coordinator
-(``kv_hybrid.py``; with prefix caching ``kv_hybrid_caching.py``), and what neither models
-is refused by name.
+By caching and group count: one full-attention group (MLA alike) keeps the single-group
+managers (``counting.py``, with prefix caching ``prefix_caching.py``), whose counts the
+shipped traces replay; any other layout runs on the hybrid coordinator (``hybrid.py``;
+with prefix caching ``hybrid_caching.py``, which is also vLLM's
+``UnitaryKVCacheCoordinator`` for one group of another kind), and what neither models is
+refused by name.
 """
 
 from __future__ import annotations
@@ -11,35 +13,18 @@ from __future__ import annotations
 from dualbudget.spec.config import ConfigError, EngineConfig, KVGroup
 from dualbudget.spec.releases import Release
 
-from .kv import KVCacheManager, PrefixCachingKVCacheManager
-from .kv_hybrid import HybridKVCacheManager, hybrid_manager
-from .kv_hybrid_caching import HybridPrefixCachingKVCacheManager
-from .prefix_cache import HitRule
-
-FULL_ATTENTION_KINDS = ("full_attention", "mla_attention")
-"""Kinds vLLM schedules as full attention (``MLAAttentionSpec`` is a ``FullAttentionSpec``)."""
-CACHING_KINDS = (
-    *FULL_ATTENTION_KINDS,
-    "sliding_window",
-    "sliding_window_mla",
-    "chunked_local_attention",
-    "mamba",
+from ..prefix_cache import HitRule
+from .counting import KVCacheManager
+from .hybrid import (
+    group_managers,
+    has_checkpoint_blocks,
+    hybrid_manager,
+    max_prefill_tokens,
+    split_block_size,
 )
-"""Kinds whose prefix-cache hit rules the hybrid coordinator models (Mamba in ``align``
-mode only: ``caching_modelled``)."""
-
-
-MIXED_BLOCK_SIZE_CACHING_KINDS = (*FULL_ATTENTION_KINDS, "sliding_window", "sliding_window_mla")
-"""Kinds whose prefix caching the hybrid coordinator models beside groups of other block
-sizes: hashes of the sizes' GCD, hits on their LCM (``kv_hybrid_caching``)."""
-
-
-def caching_modelled(group: KVGroup) -> bool:
-    """Whether the hybrid coordinator models prefix caching on ``group``: vLLM caches Mamba
-    states only in ``align`` mode (its ``MambaManager`` asserts it)."""
-    return group.kind in CACHING_KINDS and (
-        group.kind != "mamba" or group.mamba_cache_mode == "align"
-    )
+from .hybrid_caching import HybridPrefixCachingKVCacheManager
+from .kinds import KV_KINDS, kind_of
+from .prefix_caching import PrefixCachingKVCacheManager
 
 
 def manager_for(
@@ -57,27 +42,31 @@ def manager_for(
     lookahead = config.num_prefill_lookahead_tokens
     rule = HitRule.of(release, method, lookahead)
     check_prefill_lookahead(config, rule)
-    if len(groups) > 1 or groups[0].kind not in FULL_ATTENTION_KINDS:
-        check_hybrid_layout(config)
-        # Prefix caching off, no lookahead hashes: the drafter's drop is the speculative
-        # config's use_eagle_block_drop, the drop of either hit rule a release has.
-        drop = release.drops_last_hit_block(method) or release.num_hash_lookahead_tokens(method) > 0
-        manager = hybrid_manager(config, num_lookahead_tokens, observed, drop)
-        if not config.enable_prefix_caching:
-            return manager
-        return hybrid_caching_manager(manager, config, release, rule)
-
-    block_size = groups[0].block_size
-    if not config.enable_prefix_caching:
-        return KVCacheManager(block_size, config.max_model_len, num_lookahead_tokens)
-    return PrefixCachingKVCacheManager(
-        block_size,
-        config.max_model_len,
-        num_lookahead_tokens,
-        rule,
-        observed,
-        config.num_reprefillable_tokens,
-    )
+    caching = config.enable_prefix_caching
+    if len(groups) == 1 and kind_of(groups[0]).full_attention:
+        # KVCacheCoordinatorNoPrefixCache, or UnitaryKVCacheCoordinator with caching.
+        block_size = groups[0].block_size
+        if not caching:
+            return KVCacheManager(
+                block_size=block_size,
+                max_model_len=config.max_model_len,
+                num_lookahead_tokens=num_lookahead_tokens,
+            )
+        return PrefixCachingKVCacheManager(
+            block_size=block_size,
+            max_model_len=config.max_model_len,
+            num_lookahead_tokens=num_lookahead_tokens,
+            rule=rule,
+            observed=observed,
+            num_reprefillable_tokens=config.num_reprefillable_tokens,
+        )
+    check_hybrid_layout(config)
+    if caching:
+        return hybrid_caching_manager(config, release, rule, num_lookahead_tokens, observed)
+    # Prefix caching off, no lookahead hashes: the drafter's drop is the speculative
+    # config's use_eagle_block_drop, the drop of either hit rule a release has.
+    drop = release.drops_last_hit_block(method) or release.num_hash_lookahead_tokens(method) > 0
+    return hybrid_manager(config, num_lookahead_tokens, observed, drop)
 
 
 def check_prefill_lookahead(config: EngineConfig, rule: HitRule) -> None:
@@ -130,18 +119,19 @@ def check_hybrid_caching_layout(config: EngineConfig) -> None:
     groups = config.groups
     mixed_sizes = len({group.block_size for group in groups}) > 1
     for index, group in enumerate(groups):
-        if group.kind not in CACHING_KINDS:
+        kind = KV_KINDS.get(group.kind)
+        if kind is None:
             raise ConfigError(
                 f"kv_groups[{index}].kind",
                 f"prefix caching with a {group.kind!r} group is not modelled",
             )
-        if not caching_modelled(group):
+        if not kind.caching_modelled(group):
             raise ConfigError(
                 f"kv_groups[{index}].mamba_cache_mode",
                 f"prefix caching with a Mamba group in {group.mamba_cache_mode!r} mode:"
                 " vLLM caches Mamba states only in 'align' mode",
             )
-        if mixed_sizes and group.kind not in MIXED_BLOCK_SIZE_CACHING_KINDS:
+        if mixed_sizes and not kind.caches_beside_other_block_sizes:
             raise ConfigError(
                 f"kv_groups[{index}].block_size",
                 f"prefix caching with kv_groups of different block sizes beside a"
@@ -151,62 +141,78 @@ def check_hybrid_caching_layout(config: EngineConfig) -> None:
 
 
 def hybrid_caching_manager(
-    manager: HybridKVCacheManager, config: EngineConfig, release: Release, rule: HitRule
+    config: EngineConfig,
+    release: Release,
+    rule: HitRule,
+    num_lookahead_tokens: int,
+    observed: dict[str, int],
 ) -> HybridPrefixCachingKVCacheManager:
     """The coordinator with ``enable_caching``: the release's hit ``rule`` for the
-    drafter, and the groups whose hit drops its last block (those marked
-    ``is_eagle_group``, or every group where none is marked and the drafter drops one)."""
-    groups = config.groups
-    flagged = [group.is_eagle_group for group in groups]
-    if not any(flagged):
-        flagged = [rule.drop_last_block] * len(groups)
-    drops = rule.drop_last_block or release.eagle_groups_drop_without_use_eagle
-    types = lookup_types(groups)
-    # verify_and_split_kv_cache_groups: one drafter's group among a spec's makes every
-    # group of that spec drop (the spec group's use_eagle reaches each of its managers).
-    drop_groups = [False] * len(groups)
-    for group_ids in types:
-        drop = drops and any(flagged[index] for index in group_ids)
-        for index in group_ids:
-            drop_groups[index] = drop
-    for index, group in enumerate(groups):
-        if drop_groups[index] and group.kind == "chunked_local_attention":
-            # ChunkedLocalAttentionManager.find_longest_cache_hit asserts it never drops.
-            raise ConfigError(
-                f"kv_groups[{index}].is_eagle_group",
-                "prefix caching with a 'chunked_local_attention' group whose hit drops its"
-                " last block (the drafter's group) is not modelled: vLLM asserts against it",
-            )
+    drafter, and the groups whose hit drops its last block (``drop_groups``)."""
     # A group's block is keyed by the hashes it spans.
     block_size = config.hash_block_size
     # Only the requests' hashes: the coordinator caches each group's blocks itself.
     hashing = PrefixCachingKVCacheManager(
-        block_size, manager.max_model_len, manager.num_lookahead_tokens, rule, manager.observed
+        block_size=block_size,
+        max_model_len=config.max_model_len,
+        num_lookahead_tokens=num_lookahead_tokens,
+        rule=rule,
+        observed=observed,
     )
+    types = lookup_types(config.groups)
     return HybridPrefixCachingKVCacheManager(
-        block_size,
-        manager.max_model_len,
-        manager.num_lookahead_tokens,
-        manager.groups,
-        manager.observed,
-        manager.split_block_size,
-        manager.max_prefill_tokens,
+        block_size=block_size,
+        max_model_len=config.max_model_len,
+        num_lookahead_tokens=num_lookahead_tokens,
+        groups=group_managers(config),
+        observed=observed,
+        split_block_size=split_block_size(config),
+        max_prefill_tokens=max_prefill_tokens(config),
         # With caching on, lookahead hashes replace the drop (0.33's use_eagle_block_drop
         # is off where num_hash_lookahead_tokens is on).
-        rule.drop_last_block,
-        manager.checkpoint_blocks,
-        manager.retention_interval,
+        drop_eagle_block=rule.drop_last_block,
+        checkpoint_blocks=has_checkpoint_blocks(config),
+        retention_interval=config.prefix_cache_retention_interval,
         # get_mamba_prefill_checkpoint_position leaves the tokens a hash covers past its
         # block (0.33: K for multi-module MTP), at least one.
-        max(1, rule.num_hash_lookahead_tokens),
-        hashing,
-        tuple(drop_groups),
-        types,
+        checkpoint_recompute_tokens=max(1, rule.num_hash_lookahead_tokens),
+        hashing=hashing,
+        drop_groups=drop_groups(config, release, rule, types),
+        lookup_types=types,
         retains_block_below_junction=release.retains_block_below_junction,
         scheduler_block_size=config.scheduler_block_size,
         num_reprefillable_tokens=config.num_reprefillable_tokens,
         rekeys_cached_mamba_tail=release.rekeys_cached_mamba_tail,
     )
+
+
+def drop_groups(
+    config: EngineConfig, release: Release, rule: HitRule, types: tuple[tuple[int, ...], ...]
+) -> tuple[bool, ...]:
+    """Per group, whether its hit drops its last block: those marked ``is_eagle_group``,
+    or every group where none is marked and the drafter drops one (refused on a kind
+    whose hit never drops)."""
+    groups = config.groups
+    flagged = [group.is_eagle_group for group in groups]
+    if not any(flagged):
+        flagged = [rule.drop_last_block] * len(groups)
+    drops = rule.drop_last_block or release.eagle_groups_drop_without_use_eagle
+    # verify_and_split_kv_cache_groups: one drafter's group among a spec's makes every
+    # group of that spec drop (the spec group's use_eagle reaches each of its managers).
+    dropping = [False] * len(groups)
+    for group_ids in types:
+        drop = drops and any(flagged[index] for index in group_ids)
+        for index in group_ids:
+            dropping[index] = drop
+    for index, group in enumerate(groups):
+        if dropping[index] and not kind_of(group).hit_may_drop:
+            # ChunkedLocalAttentionManager.find_longest_cache_hit asserts it never drops.
+            raise ConfigError(
+                f"kv_groups[{index}].is_eagle_group",
+                f"prefix caching with a {group.kind!r} group whose hit drops its last block"
+                " (the drafter's group) is not modelled: vLLM asserts against it",
+            )
+    return tuple(dropping)
 
 
 def lookup_types(groups: tuple[KVGroup, ...]) -> tuple[tuple[int, ...], ...]:
@@ -220,6 +226,6 @@ def lookup_types(groups: tuple[KVGroup, ...]) -> tuple[tuple[int, ...], ...]:
         tuple(group_ids)
         for group_ids in sorted(
             types.values(),
-            key=lambda group_ids: groups[group_ids[0]].kind not in FULL_ATTENTION_KINDS,
+            key=lambda group_ids: not kind_of(groups[group_ids[0]]).full_attention,
         )
     )

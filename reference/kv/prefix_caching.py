@@ -1,171 +1,17 @@
-"""KV block accounting for the subset: one full-attention group, with or without
-prefix caching.
-
-Mirrors ``KVCacheManager.allocate_slots`` with ``FullAttentionManager``: a request holds
-``cdiv(min(num_computed + num_new + num_lookahead_tokens, max_model_len), block_size)``
-blocks, never fewer than it already has (blocks for rejected drafts are kept), and the
-pool lends ``num_gpu_blocks - 1`` of its blocks (``BlockPool`` keeps the first as the
-null block). Watermark 0 (vLLM's default), so admissions get no extra headroom check.
-
-A waiting request is admitted only if its whole current sequence would fit in the free
-blocks (vLLM's ``scheduler_reserve_full_isl``, on by default: ``allocate_slots`` with
-``full_sequence_must_fit``). That gate checks, it does not reserve: the request still
-takes only the blocks of its first chunk.
-
-One interface, two managers: ``KVCacheManager`` counts blocks (prefix caching off: no
-block has an identity worth keeping), ``PrefixCachingKVCacheManager`` keeps the
-state's ``BlockPool`` (docs/design.md §6); the count decides for both. The scheduler asks
-a manager about every block a request holds, finds or caches, and hands it what a
-request's blocks are made of (its token ids or block hashes) as they come: it never
-looks at prefix caching itself, so another kind of KV group is another manager: the
-hybrid coordinator (``kv_hybrid.py``), picked by ``kv_coordinator.manager_for``.
-"""
+"""The one-group coordinator with prefix caching: one full-attention group's blocks by id
+in the state's ``BlockPool``, its hit found by ``FullAttentionManager`` as every
+full-attention group's is (vLLM's ``UnitaryKVCacheCoordinator``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from dualbudget.spec.config import EngineConfig
-
-from .events import AddRequest, InvalidEvent, ModelOutput
-from .prefix_cache import BlockPool, HitRule, hash_blocks
-from .state import FINISHED, RequestState, SchedulerState
-
-NO_HIT: tuple[int, ...] = ()
-"""The blocks of no cache hit."""
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def usable_blocks(num_gpu_blocks: int) -> int:
-    """Blocks the pool can lend: vLLM's ``BlockPool.__init__`` takes one as the null block."""
-    return num_gpu_blocks - 1
-
-
-@dataclass(frozen=True, slots=True)
-class KVCacheManager:
-    """``KVCacheManager``'s block accounting for one config, on a state's pool: the
-    block counts alone (prefix caching off)."""
-
-    block_size: int
-    max_model_len: int
-    num_lookahead_tokens: int
-
-    @property
-    def enable_caching(self) -> bool:
-        """vLLM's ``KVCacheManager.enable_caching``: whether blocks are known by their
-        hashes, so that requests carry what those are made of and outputs extend it."""
-        return False
-
-    def add_request(self, request: RequestState, event: AddRequest) -> None:
-        """A new request's blocks-to-be: nothing to know without caching."""
-
-    def check_output(self, state: SchedulerState, event: ModelOutput) -> None:
-        """Refuse a model output that lacks what the manager needs of it: nothing here."""
-
-    def append_output(self, request: RequestState, event: ModelOutput, appended: int) -> None:
-        """``Request.append_output_token_ids``' share of the blocks: nothing here."""
-
-    def get_computed_blocks(
-        self, state: SchedulerState, request: RequestState
-    ) -> tuple[tuple[int, ...], int]:
-        """``get_computed_blocks``: a waiting request's cache hit (blocks, tokens)."""
-        return NO_HIT, 0
-
-    def allocate_slots(
-        self,
-        state: SchedulerState,
-        request: RequestState,
-        num_new_tokens: int,
-        hit: tuple[int, ...] = NO_HIT,
-    ) -> bool:
-        """Give ``request`` the blocks it needs to compute ``num_new_tokens`` more
-        (``get_num_blocks_to_allocate``: up to ``num_lookahead_tokens`` past them, capped
-        at ``max_model_len``, none taken back); False, and no change, if the pool is short.
-
-        The count is ``_num_blocks_wanted``, which the caching manager asks too. (vLLM
-        also caps ``num_computed_tokens`` at ``max_model_len`` first; with
-        ``num_new_tokens, num_lookahead_tokens >= 0`` the outer cap makes that a no-op.)"""
-        wanted = self._num_blocks_wanted(
-            request.num_computed_tokens, request.num_blocks, num_new_tokens
-        )
-        if wanted <= 0:
-            return True
-        if wanted > state.free_blocks:
-            return False
-        state.free_blocks -= wanted
-        request.num_blocks += wanted
-        # Within this many computed tokens the blocks held cover the lookahead too, so
-        # the next call would find wanted <= 0 (past max_model_len's cap it may ask
-        # needlessly, never wrongly): the RUNNING loop asks only past it.
-        request.kv_slots_covered = request.num_blocks * self.block_size - self.num_lookahead_tokens
-        return True
-
-    def slots_needed(self, num_computed: int, num_new_tokens: int) -> int:
-        """``allocate_slots``' ``num_tokens_need_slot``: the slots a table covers to
-        compute ``num_new_tokens`` past ``num_computed``, the lookahead's included,
-        capped at ``max_model_len``."""
-        need_slot = num_computed + num_new_tokens + self.num_lookahead_tokens
-        return need_slot if need_slot < self.max_model_len else self.max_model_len
-
-    def _num_blocks_wanted(self, num_computed: int, num_held: int, num_new_tokens: int) -> int:
-        """Blocks beyond the ``num_held`` a request needs to compute ``num_new_tokens``
-        past ``num_computed`` (``<= 0``: none)."""
-        return cdiv(self.slots_needed(num_computed, num_new_tokens), self.block_size) - num_held
-
-    def full_sequence_fits(
-        self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
-    ) -> bool:
-        """The ``full_sequence_must_fit`` gate of ``allocate_slots`` for a waiting request:
-        ``cdiv(min(num_tokens, max_model_len), block_size)`` blocks (lookahead not counted)."""
-        return self._fits_full_sequence(request, request.num_blocks, state.free_blocks)
-
-    def _fits_full_sequence(self, request: RequestState, num_held: int, num_free: int) -> bool:
-        """Whether ``request``'s whole sequence fits in ``num_held`` blocks it holds and
-        ``num_free`` more."""
-        full = min(request.num_tokens, self.max_model_len)
-        return max(cdiv(full, self.block_size) - num_held, 0) <= num_free
-
-    def cache_blocks(self, state: SchedulerState, request: RequestState, num_tokens: int) -> None:
-        """``cache_blocks``: nothing to cache without prefix caching."""
-
-    def free(self, state: SchedulerState, request: RequestState) -> None:
-        """``free``: every block of ``request`` goes back to the pool."""
-        state.free_blocks += request.num_blocks
-        request.num_blocks = 0
-        request.kv_slots_covered = 0
-
-    def preempt(self, state: SchedulerState, request: RequestState) -> None:
-        """``free`` on a preemption (a manager may count it)."""
-        self.free(state, request)
-
-    def tables(self, request: RequestState) -> tuple[int, ...]:
-        """The blocks in ``request``'s table in each KV group (vLLM's ``req_to_blocks``)."""
-        return (request.num_blocks,)
-
-    def slots(self, request: RequestState) -> tuple[int, ...] | None:
-        """The token slots ``request``'s table holds in each KV group (blocks times the
-        group's block size); None where a group's blocks do not bound its slots."""
-        return (request.num_blocks * self.block_size,)
-
-    def reset_prefix_cache(self, state: SchedulerState, num_gpu_blocks: int) -> bool:
-        """``BlockPool.reset_prefix_cache``: a pool none of whose blocks is held forgets
-        every hash (no later request hits a block cached before); with a block held it
-        refuses and keeps them. Caching off, there is nothing to forget."""
-        if state.free_blocks != usable_blocks(num_gpu_blocks):
-            return False
-        if state.block_pool is not None:
-            state.block_pool.forget_hashes()
-        return True
-
-    def block_aligned_split(self) -> Callable[[RequestState, int, int], int] | None:
-        """The scheduler's ``_mamba_block_aligned_split`` of a chunk (request, its first
-        token, tokens granted -> tokens scheduled), where a Mamba group runs in ``align``
-        mode; None elsewhere."""
-        return None
+from ..events import AddRequest, InvalidEvent, ModelOutput
+from ..prefix_cache import BlockPool, HitRule, hash_blocks
+from ..state import FINISHED, RequestState, SchedulerState
+from .blocks import NO_HIT
+from .counting import KVCacheManager
+from .single_type import FullAttentionManager, HitLookup
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +28,11 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     """The coordinator's ``num_reprefillable_tokens``: the last tokens computed that the
     multi-module MTP drafter may prefill again, cached only once the next chunk is
     (``EngineConfig.num_reprefillable_tokens``)."""
+    group: FullAttentionManager = field(init=False)
+    """The one group's manager, whose hit search is every full-attention group's."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "group", FullAttentionManager(self.block_size))
 
     @property
     def enable_caching(self) -> bool:
@@ -280,21 +131,16 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def get_computed_blocks(
         self, state: SchedulerState, request: RequestState
     ) -> tuple[tuple[int, ...], int]:
-        """``find_longest_cache_hit``: the longest run of cached blocks from the first,
-        within ``num_tokens - 1`` (the last token is recomputed for its logits); with
-        ``drop_last_block`` the last of them is recomputed too."""
-        pool, block_size = self.pool(state), self.block_size
+        """``UnitaryKVCacheCoordinator.find_longest_cache_hit``: the one group's
+        ``FullAttentionManager.find_longest_cache_hit`` within ``num_tokens - 1`` (the last
+        token is recomputed for its logits), keyed by the bare hashes; with
+        ``drop_last_block`` the last block hit is recomputed too."""
         hashes = request.block_hashes or ()
-        limit = min((request.num_tokens - 1) // block_size, len(hashes))
-        blocks: list[int] = []
-        for index in range(limit):
-            block = pool.get_cached_block(hashes[index])
-            if block is None:
-                break
-            blocks.append(block)
-        if self.rule.drop_last_block and blocks:
-            blocks.pop()
-        return tuple(blocks), len(blocks) * block_size
+        lookup = HitLookup(self.pool(state), hashes, (0,), keyed_by_group=False)
+        (blocks,), length = self.group.find_longest_cache_hit(
+            lookup, request.num_tokens - 1, self.rule.drop_last_block, self.block_size
+        )
+        return tuple(blocks), length
 
     def full_sequence_fits(
         self, state: SchedulerState, request: RequestState, hit: tuple[int, ...] = NO_HIT
@@ -393,10 +239,3 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         request.num_cached_blocks = 0
         request.kv_slots_covered = 0
         state.free_blocks = pool.num_free_blocks
-
-
-def initial_state(config: EngineConfig) -> SchedulerState:
-    """An empty scheduler state for ``config``: every block free, and with prefix caching
-    the pool that knows them by id."""
-    pool = BlockPool.create(config.num_gpu_blocks) if config.enable_prefix_caching else None
-    return SchedulerState(free_blocks=usable_blocks(config.num_gpu_blocks), block_pool=pool)

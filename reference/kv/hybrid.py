@@ -2,7 +2,7 @@
 
 Mirrors ``KVCacheManager.allocate_slots`` over vLLM's ``KVCacheCoordinator`` (with
 ``HybridKVCacheCoordinator`` where there are several groups): each group keeps its own
-block table per request (``kv_single_type.py`` says how long, and which of its leading
+block table per request (its kind's manager says how long, and which of its leading
 blocks attention no longer reads), and a request needs the sum over groups of the blocks
 each group lacks. The blocks a group skips are freed first, on the processed-token basis
 (computed tokens less those in flight), before the count, whether or not the count then
@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 
 from dualbudget.spec.config import EngineConfig
 
-from .events import AddRequest
-from .kv import NO_HIT, KVCacheManager, cdiv
-from .kv_single_type import FullAttentionManager, MambaAlignManager, T, single_type_manager
-from .state import GroupBlocks, RequestState, SchedulerState
-from .violations import UnmirroredVllmCrash
+from ..events import AddRequest
+from ..state import GroupBlocks, RequestState, SchedulerState
+from ..violations import UnmirroredVllmCrash
+from .blocks import NO_HIT, T, cdiv
+from .counting import KVCacheManager
+from .kinds import single_type_manager
+from .single_type import SingleTypeKVCacheManager
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +36,7 @@ class HybridKVCacheManager(KVCacheManager):
     """``KVCacheManager`` over ``groups`` sharing the state's pool (``free_blocks``);
     ``request.num_blocks`` is the sum of the real blocks it holds in every group."""
 
-    groups: tuple[FullAttentionManager, ...] = ()
+    groups: tuple[SingleTypeKVCacheManager, ...] = ()
     observed: dict[str, int] = field(default_factory=dict)
     """The scheduler's ``observed``: the coordinator's events are counted there."""
     split_block_size: int = 0
@@ -166,7 +168,7 @@ class HybridKVCacheManager(KVCacheManager):
 
     def _group_blocks_to_allocate(
         self,
-        group: FullAttentionManager,
+        group: SingleTypeKVCacheManager,
         blocks: GroupBlocks,
         num_tokens: int,
         num_tokens_main_model: int,
@@ -176,7 +178,7 @@ class HybridKVCacheManager(KVCacheManager):
     ) -> int:
         """A group's ``get_num_blocks_to_allocate``, a Mamba ``align`` group's with the
         prefill checkpoint it reserves (``_reserve_checkpoint``)."""
-        checkpoint = isinstance(group, MambaAlignManager) and self._reserve_checkpoint(
+        checkpoint = group.reserves_prefill_checkpoint and self._reserve_checkpoint(
             group,
             blocks,
             blocks.table,
@@ -191,7 +193,7 @@ class HybridKVCacheManager(KVCacheManager):
 
     def _reserve_checkpoint(
         self,
-        group: MambaAlignManager,
+        group: SingleTypeKVCacheManager,
         blocks: GroupBlocks,
         table: list[T],
         query_start: int,
@@ -207,17 +209,13 @@ class HybridKVCacheManager(KVCacheManager):
         key) unless ``admission`` only counts."""
         position, place = 0, -1
         if self.checkpoint_blocks:
-            position = self._checkpoint_position(query_end)
+            position = self.prefill_checkpoint_position(query_end)
             place = cdiv(query_end, group.block_size) - 2
             if not (
                 query_end >= prefill_end
                 and self.internal_checkpoint(query_start, query_end, position)
                 and place >= 0
-                and (
-                    place >= len(table)
-                    or not table[place]
-                    or (blocks.allocated and place >= len(table) - group.num_speculative_blocks)
-                )
+                and group.checkpoint_place_free(blocks, table, place)
             ):
                 position, place = 0, -1
         if not admission:
@@ -280,12 +278,12 @@ class HybridKVCacheManager(KVCacheManager):
         if start >= prefill_end:
             return num_new_tokens
         block_size = self.split_block_size
-        last_cache_position = self._checkpoint_position(num_tokens)
+        last_cache_position = self.prefill_checkpoint_position(num_tokens)
         end = start + num_new_tokens
         internal = (
             self.checkpoint_blocks
             and end >= prefill_end
-            and self.internal_checkpoint(start, end, self._checkpoint_position(prefill_end))
+            and self.internal_checkpoint(start, end, self.prefill_checkpoint_position(prefill_end))
         )
         if internal:
             last_cache_position = 0
@@ -320,7 +318,7 @@ class HybridKVCacheManager(KVCacheManager):
             and start + block_size <= checkpoint_position < end
         )
 
-    def _checkpoint_position(self, num_tokens: int) -> int:
+    def prefill_checkpoint_position(self, num_tokens: int) -> int:
         """``get_mamba_prefill_checkpoint_position``: the last block boundary whose state a
         resend could reuse, ``checkpoint_recompute_tokens`` left to recompute, or a block
         less where the drafter's last block is dropped."""
@@ -328,6 +326,30 @@ class HybridKVCacheManager(KVCacheManager):
         if self.drop_eagle_block:
             return max(num_tokens // block_size * block_size - block_size, 0)
         return max(num_tokens - self.checkpoint_recompute_tokens, 0) // block_size * block_size
+
+
+def group_managers(config: EngineConfig) -> tuple[SingleTypeKVCacheManager, ...]:
+    """Each of ``config``'s groups' kind manager, in group order."""
+    return tuple(single_type_manager(group, config) for group in config.groups)
+
+
+def split_block_size(config: EngineConfig) -> int:
+    """``cache_config.block_size`` where a Mamba group runs in ``align`` mode (the
+    scheduler's block-aligned split), else 0."""
+    align = any(group.mamba_cache_mode == "align" for group in config.groups)
+    return config.block_size if align else 0
+
+
+def max_prefill_tokens(config: EngineConfig) -> int:
+    """``max_num_scheduled_tokens``, capped by ``long_prefill_token_threshold`` when set."""
+    threshold = config.long_prefill_token_threshold
+    cap = config.scheduled_tokens_cap
+    return min(cap, threshold) if threshold > 0 else cap
+
+
+def has_checkpoint_blocks(config: EngineConfig) -> bool:
+    """``mamba_has_prefill_checkpoint_blocks``: checkpoint blocks on an ``align`` layout."""
+    return split_block_size(config) > 0 and config.mamba_prefill_checkpoint_blocks > 0
 
 
 def hybrid_manager(
@@ -338,21 +360,15 @@ def hybrid_manager(
 ) -> HybridKVCacheManager:
     """The coordinator over ``config``'s groups, in their order; ``drop_eagle_block`` is
     the scheduler's ``use_eagle_block_drop``."""
-    groups = tuple(single_type_manager(group, config) for group in config.groups)
-    align = any(group.mamba_cache_mode == "align" for group in config.groups)
-    max_prefill_tokens = config.scheduled_tokens_cap
-    threshold = config.long_prefill_token_threshold
-    if threshold > 0:
-        max_prefill_tokens = min(max_prefill_tokens, threshold)
     return HybridKVCacheManager(
-        config.block_size,
-        config.max_model_len,
-        num_lookahead_tokens,
-        groups,
-        observed,
-        config.block_size if align else 0,
-        max_prefill_tokens,
-        drop_eagle_block,
-        align and config.mamba_prefill_checkpoint_blocks > 0,
-        config.prefix_cache_retention_interval,
+        block_size=config.block_size,
+        max_model_len=config.max_model_len,
+        num_lookahead_tokens=num_lookahead_tokens,
+        groups=group_managers(config),
+        observed=observed,
+        split_block_size=split_block_size(config),
+        max_prefill_tokens=max_prefill_tokens(config),
+        drop_eagle_block=drop_eagle_block,
+        checkpoint_blocks=has_checkpoint_blocks(config),
+        retention_interval=config.prefix_cache_retention_interval,
     )
