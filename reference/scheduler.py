@@ -44,6 +44,7 @@ from .events import (
 )
 from .kv.blocks import initial_state
 from .kv.coordinator import manager_for
+from .kv.kinds import kind_of
 from .state import (
     FINISHED,
     FINISHED_ABORTED,
@@ -236,7 +237,7 @@ class Scheduler:
         0.34 on a Mamba group's finalised states, spec tokens or not (a synchronous step
         holds no placeholders)."""
         beside_mamba = self.release.caches_output_beside_mamba and any(
-            group.kind == "mamba" for group in config.groups
+            kind_of(group).holds_recurrent_state for group in config.groups
         )
         return (
             self.kv.enable_caching

@@ -41,6 +41,10 @@ class KVKind:
     caches_in_align_mode_only: bool = False
     """vLLM caches its blocks only in ``mamba_cache_mode`` ``align`` (``MambaManager``
     asserts it)."""
+    holds_recurrent_state: bool = False
+    """Its blocks hold a recurrent state, finalised as a step's output comes rather than
+    as its tokens are computed (a release with ``caches_output_beside_mamba`` caches them
+    then, spec tokens or not)."""
 
     def caching_modelled(self, group: KVGroup) -> bool:
         """Whether the caching coordinator models prefix caching on ``group``."""
@@ -87,7 +91,7 @@ KV_KINDS: Mapping[str, KVKind] = {
         KVKind("sliding_window", _sliding_window, caches_beside_other_block_sizes=True),
         KVKind("sliding_window_mla", _sliding_window, caches_beside_other_block_sizes=True),
         KVKind("chunked_local_attention", _chunked_local, hit_may_drop=False),
-        KVKind("mamba", _mamba, caches_in_align_mode_only=True),
+        KVKind("mamba", _mamba, caches_in_align_mode_only=True, holds_recurrent_state=True),
     )
 }
 """The one map from a kind's name to its record: ``spec/config.py``'s ``KV_GROUP_KINDS``,

@@ -84,7 +84,7 @@ def test_a_seeded_fuzz_shows_no_violation_outside_the_findings(
             layouts=("ngram-parallel", "eagle", "dspark-fill-in"),
         )
     )
-    # Divergences are the lockstep's to judge (tests/unit/test_live_lockstep.py): here, the
+    # Divergences are the lockstep's to judge (tests/live/test_live_lockstep.py): here, the
     # monitor's opinion of every step run.
     assert result.steps > 500
     assert set(result.monitor_counts) <= set(MONITORED)
