@@ -338,8 +338,8 @@ def sweep_command() -> dict[str, Any]:
     the CPU share 2 workers get now and the local executor's measured overhead, then the
     units on 2 workers, timed."""
     from dualbudget.campaign.executor import executor_for
-    from dualbudget.reference.simulate import StepTimeModel
-    from dualbudget.reference.sweep import parse_grid, run_unit, sweep_units
+    from dualbudget.reference.runs.simulate import StepTimeModel
+    from dualbudget.reference.runs.sweep import parse_grid, run_unit, sweep_units
 
     grid = parse_grid(["B=128,512,2048", "max_num_seqs=16,64,256", "K=3,7"])
     plan = sweep_units(

@@ -28,10 +28,10 @@ from dualbudget.integration.commands import BenchOptions, FuzzOptions
 from dualbudget.integration.mutate import MutateOptions
 from dualbudget.matrix_cli import MatrixOptions
 from dualbudget.proofs.commands import ProveOptions
-from dualbudget.reference.commands import ScheduleOptions
-from dualbudget.reference.replay import ReplayOptions
-from dualbudget.reference.simulate import CALIBRATIONS
-from dualbudget.reference.workload import DEFAULT_WORKLOAD, PRESETS, WorkloadOptions
+from dualbudget.reference.runs.commands import ScheduleOptions
+from dualbudget.reference.runs.replay import ReplayOptions
+from dualbudget.reference.runs.simulate import CALIBRATIONS
+from dualbudget.reference.runs.workload import DEFAULT_WORKLOAD, PRESETS, WorkloadOptions
 from dualbudget.report import ReportOptions
 from dualbudget.settings_cli import SettingsOptions
 from dualbudget.simulate_cli import SimulateOptions
@@ -235,7 +235,7 @@ def _simulate_flags(command: _Command) -> None:
 
 
 def _sweep_flags(command: _Command) -> None:
-    from dualbudget.reference.sweep import GRID_ALIASES, GRID_KEYS
+    from dualbudget.reference.runs.sweep import GRID_ALIASES, GRID_KEYS
 
     command.flag(
         "--sweep", action="store_true",
@@ -434,21 +434,21 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         "schedule",
         ScheduleOptions,
-        "dualbudget.reference.commands:schedule",
+        "dualbudget.reference.runs.commands:schedule",
         "run the reference scheduler on a scenario",
         _schedule_flags,
     ),
     Subcommand(
         "replay",
         ReplayOptions,
-        "dualbudget.reference.replay:replay",
+        "dualbudget.reference.runs.replay:replay",
         "check recorded vLLM traces against the reference",
         _replay_flags,
     ),
     Subcommand(
         "workload",
         WorkloadOptions,
-        "dualbudget.reference.workload:write_workload",
+        "dualbudget.reference.runs.workload:write_workload",
         "write a seeded synthetic workload scenario",
         _workload_flags,
     ),

@@ -1,7 +1,7 @@
 """``dualbudget diff``: where two profiles decide differently.
 
 On a workload or a scenario: the reference under each profile, step by step
-(``reference/diff.py``), the first step whose decisions differ and the totals side by
+(``reference/runs/diff.py``), the first step whose decisions differ and the totals side by
 side. With ``--search``: z3 first (``proofs/same_decisions.py``): where it proves the two
 profiles make the same decisions for every config in ``SEARCH_BOUNDS``, that is the answer
 (``"proved_equal": true``); else a seeded Hypothesis search, bounded in examples and in
@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dualbudget.reference.diff import Comparison, compare
-from dualbudget.reference.scenario import (
+from dualbudget.reference.formats.scenario import (
     Acceptance,
     RequestSpec,
     Scenario,
@@ -29,7 +28,8 @@ from dualbudget.reference.scenario import (
     load_scenario,
     validate,
 )
-from dualbudget.reference.workload import DEFAULT_WORKLOAD, preset
+from dualbudget.reference.runs.diff import Comparison, compare
+from dualbudget.reference.runs.workload import DEFAULT_WORKLOAD, preset
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import layout_named

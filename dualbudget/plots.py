@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dualbudget.reference.simulate import SimResult
-from dualbudget.reference.sweep import CellVerdict, SweepRow, cell_label
+from dualbudget.reference.runs.simulate import SimResult
+from dualbudget.reference.runs.sweep import CellVerdict, SweepRow, cell_label
 
 MAX_POINTS = 4000
 """Long runs are drawn as per-bucket means (and maxima for rows) of at most this many

@@ -12,8 +12,8 @@ import copy
 from typing import Any
 
 from dualbudget.proofs.obligations import lower_of
-from dualbudget.reference.driver import ScenarioRun
-from dualbudget.reference.scenario import ScenarioError, parse_scenario
+from dualbudget.reference.formats.scenario import ScenarioError, parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun
 from dualbudget.spec.invariants import one_more_token_fits
 from dualbudget.spec.policies import StepParams
 

@@ -24,14 +24,14 @@ from typing import Any
 
 from dualbudget import TRACES
 from dualbudget.integration.commands import FUZZ_EXAMPLES
-from dualbudget.reference.simulate import (
+from dualbudget.reference.runs.simulate import (
     CALIBRATIONS,
     DEFAULT_CALIBRATION,
     DEFAULT_PROFILES,
     SimResult,
     calibration_named,
 )
-from dualbudget.reference.workload import preset
+from dualbudget.reference.runs.workload import preset
 from dualbudget.spec.contract import contract_markdown
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import PROFILES, PROPOSAL_NAMES
@@ -210,7 +210,7 @@ def proved_differences() -> list[str]:
 def workload_differences(seed: int, quick: bool) -> list[str]:
     """``dualbudget diff`` of vllm-0.33 and vllm-0.32 against dual on each standard
     workload: the first differing step, steps and target tokens per step."""
-    from dualbudget.reference.diff import compare
+    from dualbudget.reference.runs.diff import compare
 
     rows = [["workload", "pair", "first differing step", "steps", "target tokens/step"]]
     for name, _ in STANDARD_WORKLOADS:
@@ -282,8 +282,8 @@ def calibration_lines(name: str) -> list[str]:
 
 
 def traces_section(fuzz_json: Path | None = None) -> list[str]:
-    from dualbudget.reference.replay import replay_trace
-    from dualbudget.reference.trace import read_trace
+    from dualbudget.reference.formats.trace import read_trace
+    from dualbudget.reference.runs.replay import replay_trace
 
     rows = [["trace", "vLLM", "profile", "steps checked", "status"]]
     for path in sorted(TRACES.glob("*.ndjson*")):

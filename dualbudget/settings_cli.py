@@ -1,6 +1,6 @@
 """``dualbudget settings [--json]``: every vLLM setting that can change a scheduling
 decision, where each release's vLLM reads it, its default there, and whether the reference
-models it, refuses it by name, or replays some of its values (``reference/settings.py``,
+models it, refuses it by name, or replays some of its values (``reference/formats/settings.py``,
 the one table)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dualbudget.reference.settings import SETTINGS, replayed_words, setting_json
+from dualbudget.reference.formats.settings import SETTINGS, replayed_words, setting_json
 from dualbudget.spec.releases import RELEASE_VERSIONS
 
 

@@ -1,6 +1,6 @@
 """``dualbudget simulate``: the reference over a workload under several profiles.
 
-The simulation itself is ``dualbudget.reference.simulate`` (pure, standard library); this
+The simulation itself is ``dualbudget.reference.runs.simulate`` (pure, standard library); this
 module is the glue: the workload and engine overrides, one process per profile where
 there are cores for it, the table, ``--json`` and ``--plot``.
 """
@@ -18,15 +18,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from dualbudget.reference.scenario import (
+from dualbudget.reference.formats.scenario import (
     Scenario,
     config_to_json,
     load_scenario,
     parse_config,
     validate,
 )
-from dualbudget.reference.scheduler import PREFIX_OBSERVED
-from dualbudget.reference.simulate import (
+from dualbudget.reference.formats.trace import read_trace
+from dualbudget.reference.runs.simulate import (
     DEFAULT_CALIBRATION,
     DEFAULT_PROFILES,
     Calibration,
@@ -38,7 +38,7 @@ from dualbudget.reference.simulate import (
     simulate,
     to_json,
 )
-from dualbudget.reference.sweep import (
+from dualbudget.reference.runs.sweep import (
     Cell,
     CellVerdict,
     SweepRow,
@@ -51,8 +51,8 @@ from dualbudget.reference.sweep import (
     table_json,
     verdicts,
 )
-from dualbudget.reference.trace import read_trace
-from dualbudget.reference.workload import DEFAULT_WORKLOAD, preset
+from dualbudget.reference.runs.workload import DEFAULT_WORKLOAD, preset
+from dualbudget.reference.scheduler import PREFIX_OBSERVED
 from dualbudget.spec.errors import BadInput
 
 TIME_NOTE = (
@@ -70,7 +70,7 @@ class SimulateOptions:
     given: the preset ``DEFAULT_WORKLOAD``."""
 
     workload: tuple[str, ...] = ()
-    """A preset of ``reference.workload.PRESETS``, run with ``seed``; several only with
+    """A preset of ``reference.runs.workload.PRESETS``, run with ``seed``; several only with
     ``sweep``."""
     scenario: str | None = None
     """A scenario JSON file."""
@@ -86,7 +86,7 @@ class SimulateOptions:
     speculative_config: str | None = None
     """JSON, as vLLM takes it."""
     calibration: str = DEFAULT_CALIBRATION
-    """The step-time coefficients (``reference.simulate.CALIBRATIONS``)."""
+    """The step-time coefficients (``reference.runs.simulate.CALIBRATIONS``)."""
     step_time_a: float | None = None
     """Replaces the calibration's coefficient ``a`` (seconds); so do the next two."""
     step_time_b: float | None = None
@@ -102,10 +102,10 @@ class SimulateOptions:
     """No progress lines."""
     sweep: bool = False
     """Simulate every cell of ``grid`` under every profile, on every ``workload`` preset,
-    as units of the executor (``reference.sweep``), into one table."""
+    as units of the executor (``reference.runs.sweep``), into one table."""
     grid: tuple[str, ...] = ()
     """``KEY=V1,V2,...`` items, each key one of vLLM's config names
-    (``reference.sweep.GRID_KEYS``); empty: the one cell of the workload's own config."""
+    (``reference.runs.sweep.GRID_KEYS``); empty: the one cell of the workload's own config."""
     num_requests: int | None = None
     """A sweep runs at most this many of each preset's requests; None: all."""
     differ_above: float = 0.05

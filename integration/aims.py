@@ -371,7 +371,7 @@ DEEPSEEK_V4_LAYOUT: KVLayout = (
     GroupShape("sliding_window_mla", block_scale=2, window_blocks=4),
     GroupShape("sliding_window_mla", window_blocks=2),
 )
-"""The hybrid aim's layout shaped like DeepSeek V4's (``reference/deployments.py``)."""
+"""The hybrid aim's layout shaped like DeepSeek V4's (``reference/formats/deployments.py``)."""
 
 AIMS: dict[str, Aim] = {
     # Configs over the whole space, refused ones included. Small pools force preemption

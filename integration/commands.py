@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dualbudget.campaign.executor import DEFAULT_EXECUTOR
 from dualbudget.reference.events import Event
-from dualbudget.reference.scenario import Scenario
+from dualbudget.reference.formats.scenario import Scenario
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUT_NAMES
 from dualbudget.spec.profiles import profile_named
@@ -467,7 +467,7 @@ def replay_scenario(
     ``scheduler_cls``, a ``--scheduler-cls`` path, or vLLM's own scheduler), the contract
     monitor's violations printed beside; its exit code. ``monitor_only``: the live
     scheduler alone, failing on any violation of the monitor's."""
-    from dualbudget.reference.scenario import load_scenario
+    from dualbudget.reference.formats.scenario import load_scenario
 
     from .live import scheduler_class, use_scheduler_class
     from .lockstep import MirroredCrash, run_in_lockstep
@@ -537,7 +537,7 @@ def bench_workloads(profile: str) -> list[Scenario]:
     """The bench's streams, each with vLLM's default ``enable_prefix_caching`` and a shared
     system prompt: every method of the table, vLLM's default async scheduling for a
     model-based drafter, and a hybrid KV layout."""
-    from dualbudget.reference.scenario import Acceptance, RequestSpec, validate
+    from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, validate
     from dualbudget.reference.token_ids import segment, unique_prompt
     from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 
@@ -603,7 +603,7 @@ def _record_events(scenario: Scenario) -> tuple[list[list[Event]], int]:
     """The event stream of a reference run, step by step (each list ends with the
     step's ModelOutput/DraftProposals), and how many admissions hit the prefix cache."""
     from dualbudget.reference.async_scheduler import make_scheduler
-    from dualbudget.reference.driver import EventDriver, drive
+    from dualbudget.reference.runs.driver import EventDriver, drive
     from dualbudget.spec.profiles import profile_named
 
     reference = make_scheduler(scenario.config, profile_named(scenario.profile), check="collect")

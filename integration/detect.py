@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario
+from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import LAYOUTS, MethodLayout
@@ -292,7 +292,7 @@ def _named(profile: str) -> str:
 def reference_decisions(scenario: DetectionScenario, profile: str) -> tuple[Any, ...]:
     """The reference's decisions under ``profile``, step by step; ``("refuses", why)``
     for a config the profile refuses. What the detection's core test compares."""
-    from dualbudget.reference.driver import ScenarioRun
+    from dualbudget.reference.runs.driver import ScenarioRun
 
     try:
         run = ScenarioRun(scenario.under(profile), check="collect")

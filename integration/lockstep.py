@@ -7,7 +7,7 @@ already sorts ``preempted`` and ``finished`` (sets in vLLM, whose iteration orde
 nothing) and compares ``num_scheduled_tokens``/``scheduled_spec_tokens`` as dicts (order
 inside a step is not part of the decision). Nothing else is normalised.
 
-The events come from the reference's one driver (``reference.driver.EventDriver``):
+The events come from the reference's one driver (``reference.runs.driver.EventDriver``):
 either the caller's draws step by step (``run_step(accept, propose)``, the fuzz) or a
 scenario's tables (``run_in_lockstep``). The driver keeps what it drew, so the first
 divergence is written as a scenario file with explicit tables that ``dualbudget fuzz
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.driver import EventDriver, drive
 from dualbudget.reference.events import (
     Event,
     ResetPrefixCache,
@@ -39,13 +38,14 @@ from dualbudget.reference.events import (
     SetPauseState,
     StepRecord,
 )
-from dualbudget.reference.scenario import (
+from dualbudget.reference.formats.scenario import (
     Acceptance,
     RequestSpec,
     Scenario,
     dump_scenario,
     validate,
 )
+from dualbudget.reference.runs.driver import EventDriver, drive
 from dualbudget.reference.scheduler import GrantCounts, UnmirroredVllmCrash
 from dualbudget.reference.state import SchedulerState
 from dualbudget.reference.violations import VLLM_CRASHES, StepViolation, raised_as

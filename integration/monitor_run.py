@@ -3,7 +3,7 @@
 Where no profile matches a scheduler's decisions (or the user asks for it), there is no
 reference to compare with, but the contract can still be checked: ``LiveAlone`` is the
 lockstep's interface (what the fuzz's machines call) over the live scheduler alone. The
-one event driver (``reference.driver.EventDriver``) follows vLLM's own decisions instead
+one event driver (``reference.runs.driver.EventDriver``) follows vLLM's own decisions instead
 of the reference's: ``LiveState`` is what the driver reads of the scheduler it follows
 (which requests are unfinished, which scheduled ones finished their prompt, which were
 padded), read off vLLM's scheduler after each event. Every step is judged by
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from dualbudget.reference.driver import EventDriver, drive
 from dualbudget.reference.events import Event, ScheduleStep, StepRecord
-from dualbudget.reference.scenario import Scenario
+from dualbudget.reference.formats.scenario import Scenario
+from dualbudget.reference.runs.driver import EventDriver, drive
 from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import EngineConfig
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import hypothesis.strategies as st
 
-from dualbudget.reference.scenario import RequestSpec
+from dualbudget.reference.formats.scenario import RequestSpec
 from dualbudget.reference.token_ids import output_token_id, segment, unique_prompt
 from dualbudget.spec.config import EngineConfig
 

@@ -12,7 +12,7 @@ without it). ``DUALBUDGET_TRACE_SOURCE`` says what drives the scheduler: ``engin
 scheduling (vLLM's default for model-based drafters on GPUs) select
 ``RecordingAsyncScheduler``, which subclasses vLLM's ``AsyncScheduler``; the header records
 which class was used, the engine config (``async_scheduling`` included) and every setting
-of ``reference/settings.py``, read from the live vLLM config. Each model output names the
+of ``reference/formats/settings.py``, read from the live vLLM config. Each model output names the
 step it answers and the requests vLLM stopped on EOS or a stop token
 (``FINISHED_STOPPED``), with the tokens each kept. Under prefix caching each request's
 ``add_request`` carries vLLM's block hashes of its prompt (``Request.block_hashes``, as hex)
@@ -45,14 +45,14 @@ from dualbudget.reference.events import (
     ResetPrefixCache,
     SetPauseState,
 )
-from dualbudget.reference.settings import (
+from dualbudget.reference.formats.settings import (
     ENGINE_SETTINGS,
     KV_SPEC_KINDS,
     REQUEST_SETTINGS,
     SETTINGS_IN_CONFIG,
     Json,
 )
-from dualbudget.reference.trace import TraceHeader, TraceWriter
+from dualbudget.reference.formats.trace import TraceHeader, TraceWriter
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.policies import StepParams
 
@@ -169,7 +169,7 @@ def _largest_in_groups(kv_cache_config: Any, field: str) -> int:
 
 
 def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
-    """The engine-scope settings of ``reference/settings.py``, read from the live config."""
+    """The engine-scope settings of ``reference/formats/settings.py``, read from the live config."""
     sched = vllm_config.scheduler_config
     spec = vllm_config.speculative_config
     nextn = None
@@ -227,7 +227,7 @@ def settings_of(vllm_config: Any, kv_cache_config: Any) -> dict[str, Json]:
             vllm_config.aux_output_config.enable_return_routed_experts
         ),
     }
-    assert tuple(values) == ENGINE_SETTINGS, "settings_of must follow reference/settings.py"
+    assert tuple(values) == ENGINE_SETTINGS, "settings_of must follow reference/formats/settings.py"
     return values
 
 
@@ -241,7 +241,7 @@ def _skips_reading_prefix_cache(request: Any) -> bool:
 
 
 def request_settings_of(request: Any) -> dict[str, Json]:
-    """The request-scope settings of ``reference/settings.py``, read from vLLM's
+    """The request-scope settings of ``reference/formats/settings.py``, read from vLLM's
     ``Request``."""
     sampling = request.sampling_params
     values: dict[str, Json] = {

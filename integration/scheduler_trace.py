@@ -18,8 +18,8 @@ import json
 import os
 from pathlib import Path
 
-from dualbudget.reference.deployments import DEPLOYMENTS
-from dualbudget.reference.scenario import Scenario
+from dualbudget.reference.formats.deployments import DEPLOYMENTS
+from dualbudget.reference.formats.scenario import Scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig, runs_async
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.methods import layout_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dualbudget.reference.scenario import Scenario
+    from dualbudget.reference.formats.scenario import Scenario
 
 
 def require_live_vllm() -> str:

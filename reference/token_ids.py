@@ -3,7 +3,7 @@ when ``enable_prefix_caching`` is on (docs/design.md §6).
 
 The budgets never read token ids; only the prefix cache does, through the hashes chained
 over them. The reference and vLLM see the very same ids: the driver makes them
-(``reference.driver``), the live adapter passes them on. Every id here is in
+(``reference.runs.driver``), the live adapter passes them on. Every id here is in
 ``[FIRST_ID, VOCAB_SIZE)``, clear of the special ids (the live model's eos is 2) and of
 ``STOP_TOKEN_ID``, so that no prompt or sampled id stops a request by accident.
 

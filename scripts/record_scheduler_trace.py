@@ -18,7 +18,7 @@ ones it sampled; ``--num-gpu-blocks N`` shrinks the KV pool so that requests pre
         dualbudget/traces/scheduler-async-0.32-chat-poisson.ndjson.gz --max-steps 300 \
         --async-scheduling --stop-rate 0.03 --num-gpu-blocks 130
 
-``--deployment FAMILY`` (a family of ``reference/deployments.py``, by name) records it
+``--deployment FAMILY`` (a family of ``reference/formats/deployments.py``, by name) records it
 with that family's vLLM defaults: its KV cache groups (one ``KVCacheGroupSpec`` each),
 drafter and K, async scheduling as the installed release runs that drafter, prefix caching
 on (Mamba in ``align`` mode, as vLLM sets it then). ``--stand-in METHOD`` builds another
@@ -64,7 +64,7 @@ from dualbudget.spec.errors import BadInput
 from dualbudget.spec.releases import release_of
 
 if TYPE_CHECKING:
-    from dualbudget.reference.scenario import Scenario
+    from dualbudget.reference.formats.scenario import Scenario
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -72,9 +72,9 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 def main() -> int:
     from dualbudget.integration.live import installed_vllm_version
-    from dualbudget.reference.replay import profile_for_vllm_version
-    from dualbudget.reference.scenario import validate
-    from dualbudget.reference.workload import preset
+    from dualbudget.reference.formats.scenario import validate
+    from dualbudget.reference.runs.replay import profile_for_vllm_version
+    from dualbudget.reference.runs.workload import preset
 
     args = _parser().parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)

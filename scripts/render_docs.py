@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 from dualbudget.proofs.manifest import load_manifest
 from dualbudget.proofs.obligations import BRANCHES, CHAIN, catalog, lower_of
 from dualbudget.proofs.strengthenings import NEEDED, SHOWN
-from dualbudget.reference.deployments import deployments_markdown
-from dualbudget.reference.scenario import scenario_markdown
-from dualbudget.reference.settings import settings_markdown
-from dualbudget.reference.trace_schema import step_record_markdown, trace_markdown
+from dualbudget.reference.formats.deployments import deployments_markdown
+from dualbudget.reference.formats.scenario import scenario_markdown
+from dualbudget.reference.formats.settings import settings_markdown
+from dualbudget.reference.formats.trace_schema import step_record_markdown, trace_markdown
 from dualbudget.spec.contract import (
     BOOKS,
     CONTRACT,

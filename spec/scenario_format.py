@@ -2,7 +2,7 @@
 
 A scenario is what ``dualbudget schedule`` runs, what the proofs write as witnesses and
 what the fuzzer writes on a divergence (docs/design.md §4.1 describes it). The reference
-reads it against its schema (``reference/scenario.py``, the home of every key) and writes
+reads it against its schema (``reference/formats/scenario.py``, the home of every key) and writes
 it with this writer, which the proofs, which may not import the reference, use for their
 witnesses too; it takes plain values and the spec's config.
 """

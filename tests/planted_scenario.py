@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dualbudget.integration.lockstep import Divergence, run_in_lockstep
-from dualbudget.reference.scenario import Scenario, load_scenario
+from dualbudget.reference.formats.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "planted_scenarios"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from dualbudget.proofs.manifest import expected_findings
-from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import AddRequest, ScheduleStep, StepRecord
-from dualbudget.reference.scenario import Scenario, parse_scenario
+from dualbudget.reference.formats.scenario import Scenario, parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named

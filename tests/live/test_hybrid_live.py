@@ -16,16 +16,16 @@ from dualbudget.integration.aims import AIMS
 from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import DivergenceFound, Lockstep, MirroredCrash
 from dualbudget.integration.testing import installed_layouts
-from dualbudget.reference.deployments import DEPLOYMENTS
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
+from dualbudget.reference.formats.deployments import DEPLOYMENTS
+from dualbudget.reference.formats.scenario import Scenario
+from dualbudget.reference.formats.settings import first_unreplayed
 from dualbudget.reference.kv import coordinator as kv_coordinator
 from dualbudget.reference.kv.coordinator import lookup_types
 from dualbudget.reference.kv.hybrid import HybridKVCacheManager
 from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv.sliding_window import SlidingWindowManager
-from dualbudget.reference.scenario import Scenario
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED
-from dualbudget.reference.settings import first_unreplayed
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.profiles import profile_named

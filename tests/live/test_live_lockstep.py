@@ -12,7 +12,7 @@ import pytest
 
 from dualbudget.integration.lockstep import DivergenceFound, Lockstep, run_in_lockstep
 from dualbudget.integration.testing import differing_release_profile
-from dualbudget.reference.scenario import load_scenario
+from dualbudget.reference.formats.scenario import load_scenario
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from tests.paths import REPO
 

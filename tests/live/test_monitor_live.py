@@ -33,8 +33,8 @@ from dualbudget.integration.monitor import (
 from dualbudget.integration.monitor_run import LiveAlone, run_alone
 from dualbudget.integration.testing import require_live_vllm
 from dualbudget.proofs.manifest import causes, expected_findings
-from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, load_scenario
+from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario, load_scenario
+from dualbudget.reference.runs.driver import EventDriver, ScenarioRun, drive
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 from tests.reference_support import fill_in_scenario
@@ -243,7 +243,7 @@ def test_a_prompt_that_never_fits_whole_waits_for_ever_and_is_a_known_stall(
     and the stall is the manifest's ``unchunked-prompt-stall``, not a new finding."""
     from dualbudget.integration.lockstep import ConfigRefused, Lockstep
     from dualbudget.integration.outcome import known_as
-    from dualbudget.reference.scenario import validate
+    from dualbudget.reference.formats.scenario import validate
     from dualbudget.spec.profiles import profile_named
 
     config = EngineConfig(

@@ -13,10 +13,10 @@ import pytest
 
 from dualbudget.integration.lockstep import ConfigRefused, Lockstep, MirroredCrash
 from dualbudget.reference.events import InvalidEvent
-from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.scenario import validate
-from dualbudget.reference.trace import read_trace
-from dualbudget.reference.workload import preset
+from dualbudget.reference.formats.scenario import validate
+from dualbudget.reference.formats.trace import read_trace
+from dualbudget.reference.runs.replay import replay_trace
+from dualbudget.reference.runs.workload import preset
 from dualbudget.spec.config import KVGroup, SpeculativeConfig, runs_async
 from dualbudget.spec.profiles import profile_named
 from tests.multi_module_mtp_cases import MAMBA_ALIGN, PROMPT, SHARED, K, mtp_config, sibling_run
@@ -206,7 +206,7 @@ def test_a_long_prefill_threshold_below_k_stalls_a_prefill_for_ever(
     from dualbudget.integration.lockstep import run_in_lockstep
     from dualbudget.integration.monitor import MonitorViolation
     from dualbudget.integration.outcome import known_as
-    from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario
+    from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario
 
     config = mtp_config(3, max_num_seqs=1, long_prefill_token_threshold=threshold)
     requests = (RequestSpec("0", 9, 2), RequestSpec("1", 4, 2))

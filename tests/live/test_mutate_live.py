@@ -61,7 +61,7 @@ def test_a_known_mutant_is_killed_and_its_scenario_replays(profile: str, tmp_pat
     from dualbudget.integration.live import LiveScheduler
     from dualbudget.integration.lockstep import run_in_lockstep
     from dualbudget.integration.mutation.classes import CONTROL, _class
-    from dualbudget.reference.scenario import load_scenario
+    from dualbudget.reference.formats.scenario import load_scenario
 
     divergence, _ = _fuzz(KNOWN, profile, tmp_path, 200)
     assert divergence is not None

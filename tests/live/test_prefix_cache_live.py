@@ -22,8 +22,8 @@ import pytest
 
 from dualbudget.integration.live import installed_vllm_version
 from dualbudget.integration.lockstep import Lockstep, live_records
+from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario
 from dualbudget.reference.prefix_cache import BlockPool, HitRule
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario
 from dualbudget.reference.token_ids import segment
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named

@@ -10,12 +10,12 @@ import pytest
 
 from dualbudget.integration.live import LiveScheduler
 from dualbudget.integration.lockstep import live_records
-from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
 from dualbudget.reference.events import ModelOutput, ResetPrefixCache, SetPauseState, StepRecord
-from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.scenario import RequestSpec, Scenario, load_scenario, validate
-from dualbudget.reference.trace import VERSION, read_trace
-from dualbudget.reference.workload import preset
+from dualbudget.reference.formats.deployments import DEPLOYMENTS, Deployment
+from dualbudget.reference.formats.scenario import RequestSpec, Scenario, load_scenario, validate
+from dualbudget.reference.formats.trace import VERSION, read_trace
+from dualbudget.reference.runs.replay import replay_trace
+from dualbudget.reference.runs.workload import preset
 from dualbudget.spec.profiles import profile_named
 from tests.paths import REPO
 

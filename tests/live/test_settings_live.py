@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from dualbudget.reference.replay import check_settings
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
-from dualbudget.reference.settings import (
+from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario, validate
+from dualbudget.reference.formats.settings import (
     ENGINE_SETTINGS,
     KV_SPEC_KINDS,
     SETTINGS,
@@ -29,7 +28,8 @@ from dualbudget.reference.settings import (
     assumed_request_settings,
     first_unreplayed,
 )
-from dualbudget.reference.trace import TraceError, read_trace
+from dualbudget.reference.formats.trace import TraceError, read_trace
+from dualbudget.reference.runs.replay import check_settings
 from dualbudget.spec.config import KVGroup, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
 from dualbudget.spec.releases import release_of

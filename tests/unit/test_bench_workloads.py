@@ -13,11 +13,11 @@ import pytest
 
 from dualbudget.integration import commands
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.driver import EventDriver, drive
+from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario, validate
 from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv.prefix_caching import PrefixCachingKVCacheManager
 from dualbudget.reference.prefix_cache import hash_blocks
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
+from dualbudget.reference.runs.driver import EventDriver, drive
 from dualbudget.reference.token_ids import segment, unique_prompt
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named

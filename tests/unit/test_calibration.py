@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dualbudget.cli import main
-from dualbudget.reference.simulate import (
+from dualbudget.reference.runs.simulate import (
     CALIBRATIONS,
     DEFAULT_CALIBRATION,
     DSPARK_QWEN3_8B_RUNS,
@@ -21,7 +21,7 @@ from dualbudget.reference.simulate import (
     fit_exactly,
     to_json,
 )
-from dualbudget.reference.workload import preset
+from dualbudget.reference.runs.workload import preset
 from dualbudget.simulate_cli import run_profiles
 from dualbudget.spec.errors import BadInput
 

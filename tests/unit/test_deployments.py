@@ -1,12 +1,12 @@
-"""The deployment table (``reference/deployments.py``, rendered into docs/reference.md):
+"""The deployment table (``reference/formats/deployments.py``, rendered into docs/reference.md):
 what a trace of each served family replays, judged as replay judges a trace."""
 
 from __future__ import annotations
 
 import pytest
 
-from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
-from dualbudget.reference.settings import engine_defaults
+from dualbudget.reference.formats.deployments import DEPLOYMENTS, Deployment
+from dualbudget.reference.formats.settings import engine_defaults
 from dualbudget.spec.releases import RELEASE_VERSIONS
 
 

@@ -1,4 +1,4 @@
-"""``dualbudget diff``: the first differing step and the totals (reference/diff.py), the
+"""``dualbudget diff``: the first differing step and the totals (reference/runs/diff.py), the
 z3 check of whether two profiles can differ at all (proofs/same_decisions.py), the seeded
 search and its scenario, and bad input."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from dualbudget.diff_cli import SEARCH_BOUNDS, _caps, candidates_at
 from dualbudget.proofs.same_decisions import Bounds, Separation, same_decisions
-from dualbudget.reference.diff import compare
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
+from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario, validate
+from dualbudget.reference.runs.diff import compare
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import layout_named
 

@@ -6,7 +6,7 @@
 - every relative Markdown link resolves to a file of the repository, and its anchor, if
   any, to a heading of that file;
 - every document or file the code or the docs cite (a path ending in ``.md``, ``see
-  PATH``, a path into a top-level folder such as ``reference/trace.py``) exists in the
+  PATH``, a path into a top-level folder such as ``reference/formats/trace.py``) exists in the
   repository, and every cited section of docs/design.md (``§N``, ``section N``) is one
   of its headings; nothing cites the folder outside the repository;
 - docs/design.md has a row for every layout of the method table, and its format tables
@@ -41,8 +41,8 @@ from dualbudget.reference.events import (
     ModelOutput,
     StepRecord,
 )
-from dualbudget.reference.scenario import parse_scenario
-from dualbudget.reference.trace import TraceHeader, entry_to_json
+from dualbudget.reference.formats.scenario import parse_scenario
+from dualbudget.reference.formats.trace import TraceHeader, entry_to_json
 from dualbudget.spec import scenario_format as keys
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.methods import LAYOUT_NAMES
@@ -205,7 +205,7 @@ OWN_SECTION = re.compile(r"§\s*(\d+(?:\.\d+)*)")
 
 def cited_paths_pattern(files: Iterable[str]) -> re.Pattern[str]:
     """A path into one of the repository's top-level folders, ending in a file suffix:
-    ``reference/scenario.py``, ``examples/dflash.json`` (globs are not paths)."""
+    ``reference/formats/scenario.py``, ``examples/dflash.json`` (globs are not paths)."""
     folders = sorted({name.split("/")[0] for name in files if "/" in name})
     roots = "|".join(re.escape(folder) for folder in folders) or "(?!)"
     return re.compile(rf"(?<![\w/.-])((?:{roots})/[\w./-]*\.(?:{PATH_SUFFIXES}))(?![\w/*<{{-])")

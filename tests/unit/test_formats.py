@@ -22,7 +22,7 @@ from dualbudget.reference.events import (
     SetPauseState,
     StepRecord,
 )
-from dualbudget.reference.scenario import (
+from dualbudget.reference.formats.scenario import (
     Acceptance,
     ConfigJson,
     RequestJson,
@@ -31,8 +31,8 @@ from dualbudget.reference.scenario import (
     SpeculativeJson,
     parse_scenario,
 )
-from dualbudget.reference.settings import SETTINGS, assumed_settings
-from dualbudget.reference.trace import (
+from dualbudget.reference.formats.settings import SETTINGS, assumed_settings
+from dualbudget.reference.formats.trace import (
     VERSION,
     TraceError,
     TraceHeader,
@@ -40,7 +40,7 @@ from dualbudget.reference.trace import (
     entry_to_json,
     read_trace,
 )
-from dualbudget.reference.trace_schema import EndLine, line_adapter, settings_schema
+from dualbudget.reference.formats.trace_schema import EndLine, line_adapter, settings_schema
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 
 MODELS_AND_DATACLASSES: list[tuple[type[BaseModel], type[Any]]] = [

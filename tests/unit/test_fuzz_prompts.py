@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given, settings
 
 from dualbudget.integration.prompts import PROMPT_KINDS, draw_prompt_ids, prompt_ids_of
-from dualbudget.reference.driver import EventDriver, ScenarioRun
 from dualbudget.reference.events import AddRequest, ModelOutput
-from dualbudget.reference.scenario import (
+from dualbudget.reference.formats.scenario import (
     Acceptance,
     RequestSpec,
     Scenario,
@@ -21,6 +20,7 @@ from dualbudget.reference.scenario import (
     parse_scenario,
     scenario_to_json,
 )
+from dualbudget.reference.runs.driver import EventDriver, ScenarioRun
 from dualbudget.reference.token_ids import (
     FIRST_ID,
     STOP_TOKEN_ID,

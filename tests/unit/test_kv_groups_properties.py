@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dualbudget.integration.commands import bench_workloads
-from dualbudget.reference.driver import ScenarioRun, drive
 from dualbudget.reference.events import Event, StepRecord
+from dualbudget.reference.formats.scenario import Scenario, parse_scenario
 from dualbudget.reference.kv.blocks import cdiv
 from dualbudget.reference.kv.hybrid import HybridKVCacheManager
 from dualbudget.reference.kv.kinds import single_type_manager
-from dualbudget.reference.scenario import Scenario, parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun, drive
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
 from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import EngineConfig, KVGroup, SpeculativeConfig, runs_async

@@ -93,7 +93,7 @@ def test_a_units_crash_scenario_replays_the_crash(
 ) -> None:
     from dualbudget.cli import main
     from dualbudget.integration.lockstep import Lockstep, MirroredCrash
-    from dualbudget.reference.driver import EventDriver, drive
+    from dualbudget.reference.runs.driver import EventDriver, drive
 
     from .test_settings_threshold import CRASH_STEP, ROOMY_POOL, threshold_case
 

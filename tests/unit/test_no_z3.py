@@ -45,8 +45,8 @@ def test_schedule_imports_no_z3(example: Path) -> None:
 
 def test_a_scenario_run_under_every_profile_imports_no_z3() -> None:
     out = _run_without_z3(
-        "from dualbudget.reference.driver import ScenarioRun\n"
-        "from dualbudget.reference.scenario import ScenarioError, load_scenario\n"
+        "from dualbudget.reference.runs.driver import ScenarioRun\n"
+        "from dualbudget.reference.formats.scenario import ScenarioError, load_scenario\n"
         "from dualbudget.spec.profiles import PROFILE_NAMES\n"
         "steps = 0\n"
         f"for path in {[str(path) for path in EXAMPLES]!r}:\n"

@@ -22,7 +22,7 @@ import pytest
 from dualbudget.cli import build_parser, field_default, main, options_from
 from dualbudget.fuzz_cli import known_findings
 from dualbudget.integration.mutation.operators import OPERATORS
-from dualbudget.reference.commands import ScheduleOptions
+from dualbudget.reference.runs.commands import ScheduleOptions
 from tests.paths import REPO
 
 LAYERS = ("spec", "reference", "proofs", "integration", "dualbudget")

@@ -17,8 +17,8 @@ import pytest
 from dualbudget.proofs.manifest import expected_findings, load_manifest
 from dualbudget.proofs.obligations import catalog, lower_of
 from dualbudget.proofs.runner import Outcome, run
-from dualbudget.reference.driver import ScenarioRun
-from dualbudget.reference.scenario import ScenarioError, parse_scenario
+from dualbudget.reference.formats.scenario import ScenarioError, parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun
 from dualbudget.spec.config import SpeculativeConfig
 from dualbudget.spec.contract import BOOKS, CONTRACT_IDS
 from dualbudget.spec.invariants import one_more_token_fits

@@ -18,7 +18,7 @@ from dualbudget.proofs.obligations import catalog
 from dualbudget.proofs.reach import REACH_BOX, Reach, minimal_witness, reach_rows
 from dualbudget.proofs.runner import run_reach
 from dualbudget.reach_replay import replay_reach
-from dualbudget.reference.scenario import parse_scenario
+from dualbudget.reference.formats.scenario import parse_scenario
 from dualbudget.spec.invariants import buffer_peak_ok
 from dualbudget.spec.methods import layout_named
 from dualbudget.spec.policies import StepParams

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, Phase, assume, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.driver import EventDriver
 from dualbudget.reference.events import PAUSE_STATES, StepRecord
+from dualbudget.reference.formats.scenario import RequestSpec
 from dualbudget.reference.kv.blocks import cdiv
-from dualbudget.reference.scenario import RequestSpec
+from dualbudget.reference.runs.driver import EventDriver
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import RequestState
 from dualbudget.reference.violations import ContractViolation
@@ -114,7 +114,7 @@ def setups(draw: st.DrawFn) -> Setup:
 
 
 class DataDraws:
-    """The driver's answers for one step (``reference.driver.Draws``): drafts accepted,
+    """The driver's answers for one step (``reference.runs.driver.Draws``): drafts accepted,
     drafts proposed and natural stops, drawn from the rule's data."""
 
     def __init__(self, k: int) -> None:

@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dualbudget.reference.driver import ScenarioRun, drive
 from dualbudget.reference.events import Event, StepRecord
+from dualbudget.reference.formats.scenario import Scenario, parse_scenario
 from dualbudget.reference.kv.blocks import cdiv
-from dualbudget.reference.scenario import Scenario, parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun, drive
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import SchedulerState
 from dualbudget.spec.config import ConfigError, EngineConfig

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dualbudget.reference.scenario import load_scenario, parse_scenario, scenario_to_json
+from dualbudget.reference.formats.scenario import load_scenario, parse_scenario, scenario_to_json
 from tests.paths import REPO
 
 EXAMPLES = sorted((REPO / "examples").glob("*.json"))

@@ -1,4 +1,4 @@
-"""Every setting of the one table (``reference/settings.py``) is loud: a trace that holds
+"""Every setting of the one table (``reference/formats/settings.py``) is loud: a trace that holds
 it at a value the reference does not replay is refused by name, one line and exit 2, by
 ``replay`` and by ``simulate --trace`` alike; a trace written before the table gained a
 row reads it at vLLM's default; ``dualbudget settings --json`` lists every row."""
@@ -14,9 +14,9 @@ import pytest
 
 from dualbudget import TRACES
 from dualbudget.cli import main
-from dualbudget.reference.replay import check_settings
-from dualbudget.reference.settings import SETTING_NAMES, SETTINGS, Setting
-from dualbudget.reference.trace import TraceError, read_trace
+from dualbudget.reference.formats.settings import SETTING_NAMES, SETTINGS, Setting
+from dualbudget.reference.formats.trace import TraceError, read_trace
+from dualbudget.reference.runs.replay import check_settings
 from dualbudget.spec.profiles import profile_named, release_profile
 from dualbudget.spec.releases import RELEASE_VERSIONS, RELEASES, Release
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import pytest
 
-from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import StepRecord
-from dualbudget.reference.scenario import Acceptance, RequestSpec, Scenario, validate
+from dualbudget.reference.formats.scenario import Acceptance, RequestSpec, Scenario, validate
+from dualbudget.reference.runs.driver import ScenarioRun
 from dualbudget.reference.scheduler import UnmirroredVllmCrash
 from dualbudget.reference.token_ids import segment
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig

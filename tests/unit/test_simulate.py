@@ -11,17 +11,17 @@ import pytest
 
 from dualbudget import TRACES
 from dualbudget.cli import main
-from dualbudget.reference.scenario import Scenario, parse_scenario
-from dualbudget.reference.scheduler import OBSERVED, PREFIX_OBSERVED
-from dualbudget.reference.simulate import (
+from dualbudget.reference.formats.scenario import Scenario, parse_scenario
+from dualbudget.reference.runs.simulate import (
     StepTimeModel,
     dist,
     percentile,
     simulate,
     to_json,
 )
+from dualbudget.reference.runs.workload import preset
+from dualbudget.reference.scheduler import OBSERVED, PREFIX_OBSERVED
 from dualbudget.reference.token_ids import segment
-from dualbudget.reference.workload import preset
 
 
 def scenario_json(
@@ -474,7 +474,7 @@ def test_cli_simulate_refuses_a_trace_it_cannot_hit_on(capsys: pytest.CaptureFix
 
 def test_cli_simulate_a_prefix_cached_trace_hits(tmp_path: Path) -> None:
     # A version-3 trace recorded with prefix caching: its requests get ids from vLLM's
-    # block hashes (reference/trace.py), so the what-if hits where vLLM's hashes matched.
+    # block hashes (reference/formats/trace.py), so the what-if hits where vLLM's hashes matched.
     trace = str(TRACES / "engine-draft-model-k3-prefix.ndjson")
     on, off = tmp_path / "on.json", tmp_path / "off.json"
     argv = ["simulate", "--trace", trace, "--quiet", "--profile", "vllm-0.32"]

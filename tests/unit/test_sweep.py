@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dualbudget.cli import main
-from dualbudget.reference.simulate import StepTimeModel, simulate
-from dualbudget.reference.sweep import (
+from dualbudget.reference.runs.simulate import StepTimeModel, simulate
+from dualbudget.reference.runs.sweep import (
     GRID_KEYS,
     ROW_COLUMNS,
     SweepRow,

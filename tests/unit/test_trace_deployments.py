@@ -1,4 +1,4 @@
-"""The shipped scheduler traces of the served families (``reference/deployments.py``):
+"""The shipped scheduler traces of the served families (``reference/formats/deployments.py``):
 each was recorded at its family's vLLM defaults (its KV cache groups, drafter and K,
 async scheduling as the release runs the drafter, prefix caching on), in both releases,
 and ``replay --json`` shows every decision agreeing."""
@@ -13,8 +13,8 @@ import pytest
 
 from dualbudget import TRACES
 from dualbudget.cli import main
-from dualbudget.reference.deployments import DEPLOYMENTS, Deployment
-from dualbudget.reference.trace import Trace, read_trace
+from dualbudget.reference.formats.deployments import DEPLOYMENTS, Deployment
+from dualbudget.reference.formats.trace import Trace, read_trace
 from dualbudget.spec.config import SpeculativeConfig, runs_async
 from dualbudget.spec.releases import RELEASE_VERSIONS, release_of
 from tests.paths import REPO
@@ -96,7 +96,7 @@ def test_record_gpu_presets_serve_their_familys_drafter_and_k() -> None:
 
 def test_a_stand_in_drafter_must_be_scheduled_alike() -> None:
     from dualbudget.integration.scheduler_trace import check_stands_in, deployment_config
-    from dualbudget.reference.workload import preset
+    from dualbudget.reference.runs.workload import preset
     from dualbudget.spec.errors import BadInput
     from dualbudget.spec.releases import RELEASES
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import pytest
 
 from dualbudget import TRACES
+from dualbudget.reference.formats.trace import read_trace
 from dualbudget.reference.kv import coordinator as kv_coordinator
 from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv.mamba import MambaAlignManager
-from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.trace import read_trace
+from dualbudget.reference.runs.replay import replay_trace
 from dualbudget.spec.releases import RELEASE_VERSIONS
 
 TRACE = "scheduler-async-{}-qwen3-next-mtp.ndjson.gz"

@@ -19,12 +19,12 @@ import pytest
 from dualbudget import TRACES
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.events import AddRequest, ModelOutput, ScheduleStep, StepRecord
-from dualbudget.reference.replay import profile_for_vllm_version, replay_trace
+from dualbudget.reference.formats.settings import SETTINGS
+from dualbudget.reference.formats.trace import READS, VERSION, TraceHeader, TraceWriter, read_trace
+from dualbudget.reference.runs.replay import profile_for_vllm_version, replay_trace
+from dualbudget.reference.runs.simulate import prompt_ids_from_hashes, scenario_from_trace
+from dualbudget.reference.runs.workload import preset
 from dualbudget.reference.scheduler import PREFIX_OBSERVED
-from dualbudget.reference.settings import SETTINGS
-from dualbudget.reference.simulate import prompt_ids_from_hashes, scenario_from_trace
-from dualbudget.reference.trace import READS, VERSION, TraceHeader, TraceWriter, read_trace
-from dualbudget.reference.workload import preset
 from tests.paths import REPO
 
 SHIPPED = TRACES
@@ -388,7 +388,7 @@ def test_the_recorder_writes_vllms_block_hashes(
 
 
 def test_docs_traces_md_states_this_version_and_every_replay_json_key() -> None:
-    from dualbudget.reference.replay import ReplayResult
+    from dualbudget.reference.runs.replay import ReplayResult
 
     text = (REPO / "docs/traces.md").read_text()
     assert f"## The format: `dualbudget-trace`, version {VERSION}\n" in text

@@ -13,10 +13,16 @@ import pytest
 
 from dualbudget import TRACES
 from dualbudget.reference.events import ResetPrefixCache, ScheduleStep, SetPauseState, StepRecord
-from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.synthetic_trace import write_synthetic_trace
-from dualbudget.reference.trace import VERSION, TraceError, TraceHeader, TraceWriter, read_trace
-from dualbudget.reference.workload import preset
+from dualbudget.reference.formats.trace import (
+    VERSION,
+    TraceError,
+    TraceHeader,
+    TraceWriter,
+    read_trace,
+)
+from dualbudget.reference.runs.replay import replay_trace
+from dualbudget.reference.runs.synthetic_trace import write_synthetic_trace
+from dualbudget.reference.runs.workload import preset
 from tests.engine_call_cases import CASES as ENGINE_CALL_CASES
 from tests.worked_cases import Case
 
@@ -182,7 +188,7 @@ def test_changing_one_decision_of_a_shipped_trace_names_its_step(
 
 def test_the_file_is_a_complete_trace_after_every_entry(tmp_path: Path) -> None:
     from dualbudget.reference.events import AddRequest, ModelOutput, StepRecord
-    from dualbudget.reference.trace import TraceHeader, TraceWriter
+    from dualbudget.reference.formats.trace import TraceHeader, TraceWriter
 
     scenario = preset("chat-poisson").scenario(seed=1)
     path = tmp_path / "live.ndjson"
@@ -209,8 +215,8 @@ def test_a_trace_becomes_a_what_if_workload(tmp_path: Path) -> None:
         ModelOutput,
         StepRecord,
     )
-    from dualbudget.reference.simulate import scenario_from_trace
-    from dualbudget.reference.trace import TraceHeader, TraceWriter
+    from dualbudget.reference.formats.trace import TraceHeader, TraceWriter
+    from dualbudget.reference.runs.simulate import scenario_from_trace
 
     config = preset("chat-poisson").scenario(seed=1).config
     path = tmp_path / "t.ndjson"
@@ -334,7 +340,7 @@ def test_a_window_that_frees_a_block_late_is_found_by_the_pool_first(
 
 def test_only_a_step_carries_free_blocks(tmp_path: Path) -> None:
     from dualbudget.reference.events import AddRequest, StepRecord
-    from dualbudget.reference.trace import TraceHeader, TraceWriter
+    from dualbudget.reference.formats.trace import TraceHeader, TraceWriter
 
     config = preset("chat-poisson").scenario(seed=1).config
     writer = TraceWriter(tmp_path / "t.ndjson", TraceHeader("0.33.0", "scheduler", config))
@@ -431,8 +437,8 @@ def test_a_trace_missing_an_engine_call_diverges_after_it(
 def test_a_trace_with_the_engines_calls_passes_them_to_a_what_if(tmp_path: Path) -> None:
     """``simulate --trace`` keeps each call before the step it came before: the what-if of
     the hand-worked streams, under the profile that recorded them, makes their decisions."""
-    from dualbudget.reference.driver import ScenarioRun
-    from dualbudget.reference.simulate import scenario_from_trace
+    from dualbudget.reference.runs.driver import ScenarioRun
+    from dualbudget.reference.runs.simulate import scenario_from_trace
 
     tables = {
         "reset-preempts-running-in-order": ({2: True}, None),

@@ -13,7 +13,7 @@ import pytest
 
 from dualbudget import TRACES
 from dualbudget.cli import main
-from dualbudget.reference.trace import read_trace
+from dualbudget.reference.formats.trace import read_trace
 
 DENSE_DIVERGES_AT = {
     # The CPU engine (0.32): a tiny Llama of sliding-window and full-attention layers.

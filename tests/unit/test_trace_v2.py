@@ -1,5 +1,5 @@
 """Trace format version 2: model outputs name their step and natural stops, the header
-carries every setting of reference/settings.py, replay refuses a setting it does not model
+carries every setting of reference/formats/settings.py, replay refuses a setting it does not model
 by name (exit 2), version 1 is still read, and ``replay --json`` summarises each trace."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 
 from dualbudget import TRACES
 from dualbudget.reference.events import AddRequest, ModelOutput, StepRecord
-from dualbudget.reference.replay import replay_trace
-from dualbudget.reference.scenario import Scenario, validate
-from dualbudget.reference.settings import ENGINE_SETTINGS, REQUEST_SETTINGS, SETTINGS
-from dualbudget.reference.synthetic_trace import write_synthetic_trace
-from dualbudget.reference.trace import TraceHeader, TraceWriter, read_trace
-from dualbudget.reference.workload import preset
+from dualbudget.reference.formats.scenario import Scenario, validate
+from dualbudget.reference.formats.settings import ENGINE_SETTINGS, REQUEST_SETTINGS, SETTINGS
+from dualbudget.reference.formats.trace import TraceHeader, TraceWriter, read_trace
+from dualbudget.reference.runs.replay import replay_trace
+from dualbudget.reference.runs.synthetic_trace import write_synthetic_trace
+from dualbudget.reference.runs.workload import preset
 from dualbudget.spec.releases import RELEASE_VERSIONS
 
 SHIPPED = TRACES

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from dualbudget.cli import main
-from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import StepRecord
-from dualbudget.reference.scenario import parse_scenario
+from dualbudget.reference.formats.scenario import parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun
 from dualbudget.spec.book import StepBook
 from dualbudget.spec.methods import LAYOUTS, layout_named
 from dualbudget.spec.policies import Ledger, StepParams

@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from dualbudget.reference.scenario import parse_scenario, scenario_to_json
-from dualbudget.reference.token_ids import output_token_id, segment
-from dualbudget.reference.workload import (
+from dualbudget.reference.formats.scenario import parse_scenario, scenario_to_json
+from dualbudget.reference.runs.workload import (
     PRESETS,
     Arrivals,
     Lengths,
@@ -19,6 +18,7 @@ from dualbudget.reference.workload import (
     conditional_rates,
     preset,
 )
+from dualbudget.reference.token_ids import output_token_id, segment
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
@@ -18,7 +17,8 @@ from dualbudget.reference.events import (
     ModelOutput,
     ScheduleStep,
 )
-from dualbudget.reference.scenario import parse_scenario
+from dualbudget.reference.formats.scenario import parse_scenario
+from dualbudget.reference.runs.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.state import FINISHED_STOPPED
 from dualbudget.spec.config import ConfigError, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named
@@ -168,7 +168,7 @@ def test_sync_scenario_json_is_unchanged_by_the_new_keys() -> None:
 
 
 def test_scenario_async_scheduling_is_checked() -> None:
-    from dualbudget.reference.scenario import ScenarioError
+    from dualbudget.reference.formats.scenario import ScenarioError
 
     bad = _scenario(True)
     bad["config"]["async_scheduling"] = "yes"

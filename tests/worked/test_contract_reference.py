@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import StepRecord
-from dualbudget.reference.scenario import parse_scenario
+from dualbudget.reference.formats.scenario import parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun
 from dualbudget.spec.invariants import dominates, one_more_token_fits
 from dualbudget.spec.policies import StepParams
 from tests.planted import planted_rules

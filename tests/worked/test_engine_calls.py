@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.events import (
     AddRequest,
     InvalidEvent,
@@ -18,7 +17,13 @@ from dualbudget.reference.events import (
     ScheduleStep,
     SetPauseState,
 )
-from dualbudget.reference.scenario import RequestSpec, Scenario, ScenarioError, parse_scenario
+from dualbudget.reference.formats.scenario import (
+    RequestSpec,
+    Scenario,
+    ScenarioError,
+    parse_scenario,
+)
+from dualbudget.reference.runs.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.scheduler import Scheduler
 from dualbudget.reference.state import PREEMPTED
 from dualbudget.spec.profiles import profile_named

@@ -10,12 +10,12 @@ import pytest
 
 from dualbudget.reference.async_scheduler import make_scheduler
 from dualbudget.reference.events import AddRequest, Event, ModelOutput, StepRecord
+from dualbudget.reference.formats.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.kv.blocks import is_tail_key
 from dualbudget.reference.kv.coordinator import lookup_types, manager_for
 from dualbudget.reference.kv.counting import KVCacheManager
 from dualbudget.reference.kv.hybrid import HybridKVCacheManager
 from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
-from dualbudget.reference.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.scheduler import KV_GROUP_OBSERVED, Scheduler
 from dualbudget.reference.violations import UnmirroredVllmCrash
 from dualbudget.spec.config import (

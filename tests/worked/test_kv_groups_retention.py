@@ -11,10 +11,10 @@ import json
 import pytest
 
 from dualbudget.reference.async_scheduler import make_scheduler
+from dualbudget.reference.formats.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.kv.coordinator import manager_for
 from dualbudget.reference.kv.hybrid_caching import HybridPrefixCachingKVCacheManager
 from dualbudget.reference.kv.sliding_window import SlidingWindowManager
-from dualbudget.reference.scenario import load_scenario, parse_scenario, scenario_to_json
 from dualbudget.reference.state import RequestState
 from dualbudget.spec.config import ConfigError, KVGroup, check_engine_config
 from dualbudget.spec.profiles import profile_named

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from dualbudget.reference.async_scheduler import make_scheduler
-from dualbudget.reference.driver import ScenarioRun
 from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
@@ -19,7 +18,8 @@ from dualbudget.reference.events import (
     ModelOutput,
     ScheduleStep,
 )
-from dualbudget.reference.scenario import ScenarioError, parse_scenario
+from dualbudget.reference.formats.scenario import ScenarioError, parse_scenario
+from dualbudget.reference.runs.driver import ScenarioRun
 from dualbudget.reference.state import FINISHED_LENGTH, FINISHED_STOPPED
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.profiles import profile_named

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from dualbudget.reference.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.events import (
     AddRequest,
     DraftProposals,
@@ -16,7 +15,8 @@ from dualbudget.reference.events import (
     ScheduleStep,
     StepRecord,
 )
-from dualbudget.reference.scenario import RequestSpec, parse_scenario, scenario_to_json
+from dualbudget.reference.formats.scenario import RequestSpec, parse_scenario, scenario_to_json
+from dualbudget.reference.runs.driver import EventDriver, ScenarioRun, drive
 from dualbudget.reference.scheduler import Scheduler, UnmirroredVllmCrash
 from dualbudget.spec.profiles import profile_named
 from tests.reference_support import config, run, scenario

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..events import StepRecord
+from ..formats.scenario import Scenario
 from .driver import ScenarioRun
-from .events import StepRecord
-from .scenario import Scenario
 
 DIFF_MAX_STEPS = 100_000
 """A run that has not drained after this many steps is cut there (``totals`` says so)."""

@@ -8,7 +8,8 @@ not replay, naming the setting (``replay.check_settings``, the one check), and
 ``dualbudget settings`` prints the table for users. The reference replays an
 unmodelled setting only at the value it assumes, vLLM's default. Prefix caching is modelled
 (every value replays) and stays in the header's settings, where version 2 put it; the
-reader copies it into the engine config, which the reference runs on (``reference/trace.py``).
+reader copies it into the engine config, which the reference runs on
+(``reference/formats/trace.py``).
 What the engine config carries otherwise (``async_scheduling``,
 ``long_prefill_token_threshold``, ``scheduling_policy``, the budgets) is modelled and
 travels in the trace's ``config``.
@@ -62,7 +63,7 @@ class Setting:
     engine_default: Json = None
     """What vLLM's engine hands the scheduler when the user sets nothing, where that is
     not ``default`` (a config the engine fills in from another one); None: ``default``.
-    A deployment's trace (``reference/deployments.py``) carries it."""
+    A deployment's trace (``reference/formats/deployments.py``) carries it."""
 
     def home_in(self, version: str) -> str | None:
         """Where release ``version``'s vLLM reads it; None where it has no such setting."""

@@ -43,8 +43,8 @@ from dualbudget.spec.scenario_format import (
 # Re-exported: the trace header and the simulator write the config alone.
 from dualbudget.spec.scenario_format import config_to_json as config_to_json
 
-from .events import PAUSE_STATES
-from .kv.blocks import cdiv, usable_blocks
+from ..events import PAUSE_STATES
+from ..kv.blocks import cdiv, usable_blocks
 from .schemas import (
     FieldError,
     KVGroupJson,

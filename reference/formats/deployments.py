@@ -1,6 +1,6 @@
 """The deployments people serve with speculative decoding, as the trace recorder would
 write them, and whether each release's trace of one replays: the settings table
-(``reference/settings.py``), the engine config checks and the scheduler's own refusals
+(``reference/formats/settings.py``), the engine config checks and the scheduler's own refusals
 decide, nothing here does.
 
 Each family is its vLLM defaults (async scheduling, prefix caching, and what the engine
@@ -28,7 +28,7 @@ from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import release_profile
 from dualbudget.spec.releases import RELEASES, Release
 
-from .async_scheduler import make_scheduler
+from ..async_scheduler import make_scheduler
 from .settings import (
     KV_SPEC_KINDS,
     SETTINGS_IN_CONFIG,
@@ -85,7 +85,7 @@ class Deployment:
         release = RELEASES[version]
         base = self.config(release)
         # The settings the engine config holds reach it as a trace's header hands them
-        # to the config it replays on (``reference/trace.py``).
+        # to the config it replays on (``reference/formats/trace.py``).
         settings = {
             **self.recorded_settings(served=served),
             "enable_prefix_caching": base.enable_prefix_caching,

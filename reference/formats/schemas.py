@@ -1,8 +1,8 @@
 """What every file format's schema shares: strict JSON objects, bad input as one line naming
 the field, defaults read from the dataclass they fill, and the Markdown table of a schema.
 
-The formats (``reference/scenario.py``'s ``ScenarioJson``, ``reference/trace_schema.py``)
-are pydantic models; their fields, defaults and descriptions are the one home of what a
+The formats (``scenario.py``'s ``ScenarioJson``, ``trace_schema.py``) are pydantic
+models; their fields, defaults and descriptions are the one home of what a
 file may hold: the readers validate against them and docs/design.md §4 renders its tables
 from them.
 """

@@ -38,8 +38,7 @@ from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import profile_named, release_profile
 from dualbudget.spec.releases import release_of
 
-from .driver import Reference, ScenarioRun, drive
-from .events import (
+from ..events import (
     Abort,
     AddRequest,
     DraftProposals,
@@ -50,12 +49,13 @@ from .events import (
     SetPauseState,
     StepRecord,
 )
+from ..formats.scenario import Acceptance, RequestSpec, Scenario, validate
+from ..formats.trace import Entry, Trace, TraceError
+from ..scheduler import PREFIX_OBSERVED
+from ..token_ids import segment
+from ..violations import StepViolation
+from .driver import Reference, ScenarioRun, drive
 from .replay import check_settings
-from .scenario import Acceptance, RequestSpec, Scenario, validate
-from .scheduler import PREFIX_OBSERVED
-from .token_ids import segment
-from .trace import Entry, Trace, TraceError
-from .violations import StepViolation
 
 ProgressFn = Callable[[str, int, int, int], None]
 """``(profile, steps so far, requests finished, requests in all)``."""

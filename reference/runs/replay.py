@@ -6,7 +6,7 @@ profile of the release that recorded it) unless the caller names one. A replay t
 checked no step is a failure, never a pass. Where the trace recorded vLLM's free KV
 blocks after a step (version 4), the reference's pool must hold as many: a block held or
 freed a step early is a divergence where it happens, not only once the pool runs short.
-A trace holding a setting the reference does not replay (``reference/settings.py``: a
+A trace holding a setting the reference does not replay (``reference/formats/settings.py``: a
 user ``max_num_active_seqs``, a KV watermark, ...) is refused naming it, and so is a
 version-1 trace recorded under async scheduling, whose model outputs do not say which
 step they answer, and a trace recorded with prefix caching before version 3, which holds
@@ -26,11 +26,11 @@ from dualbudget.spec.errors import BadInput
 from dualbudget.spec.profiles import Profile, profile_named, release_profile
 from dualbudget.spec.releases import RELEASE_VERSIONS, release_of
 
-from .async_scheduler import make_scheduler
-from .events import ScheduleStep, StepRecord
-from .settings import first_unreplayed
-from .trace import HASHES_FROM, VERSION, Trace, TraceError, read_trace
-from .violations import StepViolation
+from ..async_scheduler import make_scheduler
+from ..events import ScheduleStep, StepRecord
+from ..formats.settings import first_unreplayed
+from ..formats.trace import HASHES_FROM, VERSION, Trace, TraceError, read_trace
+from ..violations import StepViolation
 
 
 def profile_for_vllm_version(version: str) -> Profile:

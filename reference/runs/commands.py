@@ -11,9 +11,9 @@ import json
 import sys
 from dataclasses import dataclass
 
+from ..formats.scenario import load_scenario
+from ..scheduler import UnmirroredVllmCrash
 from .driver import ScenarioRun
-from .scenario import load_scenario
-from .scheduler import UnmirroredVllmCrash
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..events import ScheduleStep
+from ..formats.scenario import Scenario
+from ..formats.trace import TraceHeader, TraceWriter
 from .driver import ScenarioRun
-from .events import ScheduleStep
-from .scenario import Scenario
-from .trace import TraceHeader, TraceWriter
 
 
 def write_synthetic_trace(

@@ -3,9 +3,9 @@
 One model per line kind and version: the header (the first line) and the event lines,
 each of which turns into the event or step record it stands for (``reference/events.py``).
 A later version extends the one before it. Their fields, defaults and descriptions are the
-one home of the trace's keys: ``reference/trace.py`` reads every line against them, and
+one home of the trace's keys: ``reference/formats/trace.py`` reads every line against them, and
 docs/design.md §4.2-§4.3 renders its tables from them. The engine-scope and request-scope
-``settings`` objects are made from ``reference/settings.py``'s table, the one home of the
+``settings`` objects are made from ``reference/formats/settings.py``'s table, the one home of the
 settings.
 """
 
@@ -19,7 +19,7 @@ from pydantic import Field, TypeAdapter, create_model, model_validator
 
 from dualbudget.spec.config import EngineConfig
 
-from .events import (
+from ..events import (
     Abort,
     AddRequest,
     DraftProposals,
@@ -115,7 +115,7 @@ class HeaderV2(_Header):
     outside it that can change a decision."""
 
     settings: EngineSettingsV2 = Field(
-        description="every engine-scope setting of `reference/settings.py` the version"
+        description="every engine-scope setting of `reference/formats/settings.py` the version"
         " records, by name (docs/traces.md); `enable_prefix_caching` is kept here"
     )
 

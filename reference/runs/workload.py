@@ -32,8 +32,8 @@ from pathlib import Path
 from dualbudget.spec.config import EngineConfig, SpeculativeConfig
 from dualbudget.spec.errors import BadInput
 
-from .scenario import Acceptance, RequestSpec, Scenario, scenario_to_json, validate
-from .token_ids import output_token_id, segment
+from ..formats.scenario import Acceptance, RequestSpec, Scenario, scenario_to_json, validate
+from ..token_ids import output_token_id, segment
 
 
 class WorkloadError(BadInput):

@@ -21,7 +21,7 @@ from typing import Any
 
 from dualbudget.spec.errors import BadInput
 
-from .scenario import Scenario, validate
+from ..formats.scenario import Scenario, validate
 from .simulate import StepTimeModel, simulate
 from .workload import preset
 

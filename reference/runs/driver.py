@@ -42,8 +42,8 @@ from typing import Protocol, runtime_checkable
 from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.profiles import profile_named
 
-from .async_scheduler import make_scheduler
-from .events import (
+from ..async_scheduler import make_scheduler
+from ..events import (
     Abort,
     AddRequest,
     DraftProposals,
@@ -54,10 +54,10 @@ from .events import (
     SetPauseState,
     StepRecord,
 )
-from .scenario import Acceptance, Drafts, RequestSpec, Scenario
-from .state import SchedulerState
-from .token_ids import sampled_token_ids, unique_prompt
-from .violations import CheckMode
+from ..formats.scenario import Acceptance, Drafts, RequestSpec, Scenario
+from ..state import SchedulerState
+from ..token_ids import sampled_token_ids, unique_prompt
+from ..violations import CheckMode
 
 
 class Draws(Protocol):

@@ -1,7 +1,7 @@
 """The trace format ``dualbudget-trace``: NDJSON, one object per line, written at version 5
 and read at versions 1 to 5.
 
-What each line may hold, per version, is its schema (``reference/trace_schema.py``;
+What each line may hold, per version, is its schema (``reference/formats/trace_schema.py``;
 docs/design.md §4.3 renders its tables): the header first, then, in the order they
 happened, the events that came from outside the scheduler (``add_request``, ``abort``,
 ``reset_prefix_cache``, ``set_pause_state``, ``model_output``, ``draft_proposals``) and
@@ -36,7 +36,7 @@ from dualbudget.spec.config import EngineConfig
 from dualbudget.spec.errors import BadInput
 from dualbudget.spec.releases import release_of
 
-from .events import (
+from ..events import (
     Abort,
     AddRequest,
     DraftProposals,
@@ -81,7 +81,7 @@ class TraceHeader:
     """The engine config; ``config.async_scheduling`` says whether scheduling was async."""
     scheduler_class: str = "vllm.v1.core.sched.scheduler.Scheduler"
     settings: dict[str, Json] = field(default_factory=assumed_settings)
-    """Every engine-scope setting of ``reference/settings.py`` ``SETTINGS``, as recorded."""
+    """Every engine-scope setting of ``reference/formats/settings.py`` ``SETTINGS``, as recorded."""
     notes: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about the recording (e.g. a method substituted on CPU)."""
     version: int = VERSION
