@@ -1,4 +1,4 @@
-"""The reference's own steps judged by the scheduler's books (C7-C11 of
+"""The reference's own steps judged by the scheduler's books (C7-C11 and C13 of
 ``spec.contract.BOOKS``, the predicates of ``spec.books``).
 
 The monitor judges vLLM's books; a lockstep that agrees with vLLM step for step agrees on
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from dualbudget.spec.books import (
+    PoolBooks,
     RequestBooks,
     drafts_within_rows,
     placeholders_kept,
@@ -81,3 +82,25 @@ def step_books(
             blocks_after=sum(kv.tables(request)),
         )
     return books
+
+
+def pool_books(state: SchedulerState) -> PoolBooks | None:
+    """Every block the request tables hold now, with its reference count and whether it
+    has a hash; None where the reference keeps no block ids (prefix caching off: it counts
+    blocks, and vLLM's ids are not modelled). The null block, which any table may hold and
+    whose count vLLM does not keep, aside."""
+    pool = state.block_pool
+    if pool is None:
+        return None
+    holders: dict[int, int] = {}
+    for request in state.requests.values():
+        tables = [group.block_ids for group in request.kv_groups] or [request.block_ids]
+        for table in tables:
+            for block in table:
+                if block:
+                    holders[block] = holders.get(block, 0) + 1
+    return PoolBooks(
+        holders,
+        {block: pool.ref_cnt[block] for block in holders},
+        frozenset(block for block in holders if pool.block_hash[block] is not None),
+    )

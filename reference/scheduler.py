@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from dualbudget.spec.books import block_held
 from dualbudget.spec.config import EngineConfig, check_engine_config
 from dualbudget.spec.invariants import StepTotals, step_totals, step_violations
 from dualbudget.spec.policies import Ledger, StepParams
@@ -208,8 +209,9 @@ class Scheduler:
             else config.long_prefill_token_threshold
         )
         self.violations: list[StepViolation] = []
-        # The books (C7-C11) judged on every step of the reference's own: where it mirrors
-        # a vLLM behaviour that breaks one, the lockstep agreeing with vLLM still names it.
+        # The books (C7-C11, and C13 on its pool) judged on every step of the reference's
+        # own: where it mirrors a vLLM behaviour that breaks one, the lockstep agreeing with
+        # vLLM still names it.
         self._book_judges = (
             books.judges(
                 async_scheduling=config.async_scheduling,
@@ -916,9 +918,32 @@ class Scheduler:
                     f"request {rid}: {request_books}",
                     self._step_state(step, record),
                 )
-                if self.check == "raise":
-                    raise ContractViolation(violation, self.scenario)
-                self.violations.append(violation)
+                self._report_book(violation)
+        self._check_pool(step, record)
+
+    def _check_pool(self, step: OpenStep, record: StepRecord) -> None:
+        """C13 on the reference's own pool, where its blocks have ids (prefix caching)."""
+        pool = books.pool_books(self.state)
+        if pool is None:
+            return
+        for block, holders in pool.holders.items():
+            if block_held(pool, block):
+                continue
+            cached = "cached" if block in pool.hashed else "no hash"
+            self._report_book(
+                StepViolation(
+                    step.index,
+                    "C13",
+                    f"block {block} held by {holders} tables, ref_cnt"
+                    f" {pool.ref_counts[block]}, {cached}",
+                    self._step_state(step, record),
+                )
+            )
+
+    def _report_book(self, violation: StepViolation) -> None:
+        if self.check == "raise":
+            raise ContractViolation(violation, self.scenario)
+        self.violations.append(violation)
 
     def _step_state(self, step: OpenStep, record: StepRecord) -> dict[str, Any]:
         opened = self.policy.open(self.params)

@@ -149,12 +149,13 @@ def test_the_namespace_rule_reports_a_planted_taker(tmp_path: Path) -> None:
     for layer in LAYERS:
         (tmp_path / layer).mkdir()
     taker = "import argparse\n\n\ndef stage(args: argparse.Namespace) -> int:\n    return 0\n"
-    (tmp_path / "reference" / "commands.py").write_text(taker)
+    (tmp_path / "reference" / "runs").mkdir()
+    (tmp_path / "reference" / "runs" / "commands.py").write_text(taker)
     (tmp_path / "dualbudget" / "simulate_cli.py").write_text(
         "from argparse import Namespace\n\n\nasync def run(*, args: 'Namespace') -> None: ...\n"
     )
     (tmp_path / "dualbudget" / "cli.py").write_text(taker)  # the command line may
     assert namespace_takers(tmp_path) == [
-        "reference/commands.py:4 stage",
+        "reference/runs/commands.py:4 stage",
         "dualbudget/simulate_cli.py:4 run",
     ]
