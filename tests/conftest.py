@@ -1,7 +1,9 @@
 """What every test run shares: under ``CI=true`` (set by .ci/run) a skipped test is a
 failure; the profile detected for the installed vLLM, which the live tests run against;
-the test scheduler plugin, importable by its path as a user's plugin is; and each test
-module's group for pytest-xdist.
+the test scheduler plugin, importable by its path as a user's plugin is; each test
+module's group for pytest-xdist; and Hypothesis derandomized, so that a property test
+draws the same examples on every run (a rare draw that breaks one fails every run, or
+none).
 
 A skip says a check did not run: a live test without vLLM, a test whose module could not
 be collected. Outside CI that is a fair answer on a machine without vLLM; in CI it would
@@ -17,6 +19,10 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("derandomized", derandomize=True, database=None)
+settings.load_profile("derandomized")
 
 
 def _in_ci() -> bool:
