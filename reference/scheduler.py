@@ -201,6 +201,9 @@ class Scheduler:
         self.num_lookahead_tokens = int(self.policy.num_lookahead_tokens(self.params))
         self.priority = config.scheduling_policy == "priority"
         self.kv = manager_for(config, self.release, self.num_lookahead_tokens, self.observed)
+        # The Mamba align split of a chunk is the KV layout's, fixed for the run: asked once,
+        # not per request of every step.
+        self._block_aligned_split = self.kv.block_aligned_split()
         self._caches_verified_output = self._caches_output_as_it_comes(config)
         # Scheduler.schedule: a release may apply the threshold only to chunked prefill.
         self._threshold = (
@@ -485,7 +488,7 @@ class Scheduler:
         cap = self.config.max_model_len - NUM_SAMPLED_PER_STEP - computed
         if cap < q:
             q = cap
-        split = self.kv.block_aligned_split()
+        split = self._block_aligned_split
         if split is not None:
             # Mamba align: the chunk ends where a state is cached, before its charge.
             q = split(request, computed, q)
@@ -641,7 +644,7 @@ class Scheduler:
             self._count_cut(step, step.token_budget, q)
         if q <= 0:
             return q, padded
-        split = self.kv.block_aligned_split()
+        split = self._block_aligned_split
         if split is not None:
             # Mamba align: the chunk ends where a state is cached, before its charge
             # (a cache hit's end is where the chunk starts).

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO
 
 RAY_GROUP = pytest.mark.xdist_group("ray")
 
@@ -21,7 +20,7 @@ def local_ray() -> Iterator[None]:
     from dualbudget.campaign.ray_executor import start_ray
 
     # Ray's workers import the units (tests.executor_units) by name, from the checkout.
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     ray = start_ray(None, num_cpus=2)
     yield
